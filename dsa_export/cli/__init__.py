@@ -1,0 +1,1 @@
+"""The ``dsa-export`` command line: one module per subcommand, registered in :mod:`.main`."""

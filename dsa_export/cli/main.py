@@ -1,0 +1,116 @@
+"""Entry point of the ``dsa-export`` CLI.
+
+Each subcommand lives in its own module exposing a click command named ``command``; modules are
+imported only when their subcommand runs, so ``dsa-export --help`` stays fast and a subcommand
+whose optional dependency is missing explains what to install instead of breaking the whole CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from dsa_export import __version__
+from dsa_export.errors import DSAUsageError, DSAUserError
+
+# name -> (module, one-line help). Keep sorted by pipeline order.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("dsa_export.cli.export_cmd", "Export a model to ONNX with DSA custom ops."),
+    "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
+    "inspect": ("dsa_export.cli.inspect_cmd", "Show the ops, custom nodes, I/O and metadata of an ONNX file."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        module_name, short_help = SUBCOMMANDS[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            missing = exc.name or str(exc)
+
+            @click.command(name=name, short_help=short_help, context_settings={"ignore_unknown_options": True})
+            @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+            def _missing(args: tuple[str, ...]) -> None:
+                raise DSAUserError(
+                    f"'dsa-export {name}' needs the Python module '{missing}', which is not installed; "
+                    f"install it (see README) and run the command again."
+                )
+
+            return _missing
+        command = module.command
+        if command.short_help is None:
+            command.short_help = short_help
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Use the static help so listing commands imports nothing heavy.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, text) in SUBCOMMANDS.items()])
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dsa-export")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.option("-v", "--verbose", count=True, help="More log output (repeatable).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
+    """Compile DeepSeek Sparse Attention models into ONNX, TensorRT engines and validated artifacts."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    ctx.obj["verbose"] = verbose
+    import logging
+
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2), format="[dsa-export] %(levelname)s: %(message)s"
+    )
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    return "--debug" in argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI and map exceptions to exit codes: 2 usage, 1 failure, no traceback without --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = _debug_requested(args)
+    try:
+        cli.main(args=args, prog_name="dsa-export", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # includes click.UsageError (exit 2)
+        exc.show()
+        sys.exit(exc.exit_code)
+    except DSAUsageError as exc:
+        if debug:
+            raise
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except DSAUserError as exc:
+        if debug:
+            raise
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("Interrupted; no partial output was kept.", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug in dsa-export
+        if debug:
+            raise
+        click.echo(
+            f"Internal error (a bug in dsa-export, please report it): {type(exc).__name__}: {exc}. "
+            "Run again with --debug for the traceback.",
+            err=True,
+        )
+        sys.exit(1)
+    sys.exit(0)
