@@ -1,0 +1,6 @@
+"""The export stage: torch model -> ONNX with ``dsa`` custom nodes or standard ops only."""
+
+from dsa_export.export.exporter import export_model, inline_custom_ops, save_model
+from dsa_export.export.settings import DEFAULT_OPSET, ExportSettings
+
+__all__ = ["DEFAULT_OPSET", "ExportSettings", "export_model", "inline_custom_ops", "save_model"]

@@ -1,0 +1,224 @@
+"""Export a torch model to ONNX with ``dsa`` custom nodes (or inline standard ops).
+
+The torch exporter (dynamo) turns ``torch.ops.dsa.*`` into ``dsa``-domain nodes through our
+translation table; this module then attaches the op function bodies, makes sure every custom
+node output carries dtype and symbolic shape, writes metadata, optionally inlines everything for
+``native`` mode, and checks the result with ``onnx.checker`` (full check).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from dsa_export import __version__
+from dsa_export.errors import DSAUserError
+from dsa_export.export.settings import DTYPES, ExportSettings
+from dsa_export.ops.contract import DOMAIN, DOMAIN_VERSION, OPS
+from dsa_export.ops.onnx_ops import function_protos, register_schemas, translation_table
+from dsa_export.sources import ModelSource
+
+log = logging.getLogger(__name__)
+
+BATCH_DIM, SEQ_DIM = "batch", "sequence"
+
+# Metadata keys written into every exported file.
+META_TOOL = "dsa_export.version"
+META_OPS = "dsa_export.op_versions"
+META_MODE = "dsa_export.ops_mode"
+META_SPEC = "dsa_export.reference"
+META_CONFIG = "dsa_export.model_config"
+META_SETTINGS = "dsa_export.export_settings"
+META_FILE_SHA = "dsa_export.reference_sha256"
+
+
+def _dynamic_shapes(inputs: dict) -> dict:
+    import torch
+
+    batch, seq = torch.export.Dim(BATCH_DIM), torch.export.Dim(SEQ_DIM)
+    shapes = {}
+    for name, value in inputs.items():
+        dims = {}
+        if value.dim() >= 1:
+            dims[0] = batch
+        if value.dim() >= 2:
+            dims[1] = seq
+        shapes[name] = dims
+    return shapes
+
+
+def _cast_inputs(inputs: dict, dtype) -> dict:
+    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+
+
+def _run_torch_export(source: ModelSource, settings: ExportSettings):
+    import torch
+
+    dtype = getattr(torch, DTYPES[settings.dtype])
+    module = source.module.to(dtype)
+    inputs = _cast_inputs(source.example_inputs, dtype)
+    # The exporter prints progress and warnings of its own (torchvision absent, constant folding of
+    # Split); route them to our log instead of the user's terminal.
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), torch.no_grad():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        try:
+            program = torch.onnx.export(
+                module,
+                (),
+                kwargs=inputs,
+                dynamic_shapes=_dynamic_shapes(inputs),
+                custom_translation_table=translation_table(),
+                opset_version=settings.opset,
+                dynamo=True,
+                optimize=True,
+                output_names=source.output_names,
+                verbose=False,
+            )
+        except Exception as exc:
+            raise DSAUserError(
+                f"torch.onnx could not export the model ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                "run with --debug for the exporter's full message."
+            ) from exc
+    log.debug("exporter output:\n%s", sink.getvalue())
+    return program
+
+
+def _shape_dims(value_info: onnx.ValueInfoProto) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def annotate_custom_outputs(model: onnx.ModelProto) -> None:
+    """Write dtype + shape of every custom node output into ``graph.value_info``.
+
+    The shapes follow the op contract and reuse the symbolic dims of the node's inputs, so they
+    stay symbolic in batch and sequence.
+    """
+    graph = model.graph
+    known = {vi.name: vi for vi in (*graph.input, *graph.value_info, *graph.output)}
+    for node in graph.node:
+        if node.domain != DOMAIN:
+            continue
+        q = known.get(node.input[0])
+        if q is None or not q.type.tensor_type.shape.dim:
+            raise RuntimeError(f"no shape for the q input of {node.op_type} node {node.name!r}")
+        qd = _shape_dims(q)
+        if node.op_type == "DSAIndexerTopK":
+            topk = next(a.i for a in node.attribute if a.name == "topk")
+            dims, elem = [qd[0], qd[1], topk], onnx.TensorProto.INT32
+        elif node.op_type == "DSASparseAttention":
+            v = known[node.input[2]]
+            dims, elem = [qd[0], qd[1], qd[2], _shape_dims(v)[3]], q.type.tensor_type.elem_type
+        else:
+            raise RuntimeError(f"unknown {DOMAIN} op {node.op_type}")
+        info = helper.make_tensor_value_info(node.output[0], elem, dims)
+        existing = known.get(node.output[0])
+        if existing is not None and existing in graph.value_info:
+            existing.CopyFrom(info)
+        elif existing is None:
+            graph.value_info.append(info)
+            known[info.name] = graph.value_info[-1]
+
+
+def _name_unnamed_dims(model: onnx.ModelProto) -> None:
+    """Give the exporter's anonymous dims of 1-D per-batch values (``lengths``) the batch name."""
+    for vi in model.graph.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == 1 and not dims[0].dim_param and not dims[0].HasField("dim_value"):
+            consumers = [n for n in model.graph.node if vi.name in n.input and n.domain == DOMAIN]
+            if consumers and consumers[0].op_type == "DSAIndexerTopK" and list(consumers[0].input)[3:4] == [vi.name]:
+                dims[0].dim_param = BATCH_DIM
+
+
+def _strip_debug_metadata(model: onnx.ModelProto) -> None:
+    """Drop per-node/per-value exporter metadata (stack traces, original FX names)."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    for vi in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        del vi.metadata_props[:]
+    for init in model.graph.initializer:
+        del init.metadata_props[:]
+    del model.metadata_props[:]
+
+
+def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportSettings) -> None:
+    props = {
+        META_TOOL: __version__,
+        META_OPS: json.dumps({name: DOMAIN_VERSION for name in sorted(OPS)}),
+        META_MODE: settings.ops,
+        META_SPEC: source.spec,
+        META_SETTINGS: json.dumps(
+            {"batch": settings.batch, "seq_len": settings.seq_len, "dtype": settings.dtype,
+             "opset": settings.opset, "seed": settings.seed, "ops": settings.ops},
+            sort_keys=True,
+        ),
+    }
+    if source.config is not None:
+        props[META_CONFIG] = json.dumps(source.config, sort_keys=True)
+    if source.file_sha256:
+        props[META_FILE_SHA] = source.file_sha256
+    for key, value in props.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+    model.producer_name = "dsa-export"
+    model.producer_version = __version__
+    model.doc_string = f"Exported by dsa-export {__version__} from {source.spec} ({settings.ops} ops)."
+
+
+def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The ``native`` form: every ``dsa`` node replaced by its function body."""
+    import onnx.inliner
+
+    inlined = onnx.inliner.inline_local_functions(model)
+    del inlined.functions[:]
+    kept = [o for o in inlined.opset_import if o.domain != DOMAIN]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(kept)
+    return inlined
+
+
+def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelProto:
+    """Trace ``source`` and return the finished, checked ONNX model."""
+    register_schemas()
+    program = _run_torch_export(source, settings)
+    model = program.model_proto
+    _strip_debug_metadata(model)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    if any(n.domain == DOMAIN for n in model.graph.node):
+        annotate_custom_outputs(model)
+        _name_unnamed_dims(model)
+        model.functions.extend(function_protos(settings.opset))
+    _set_metadata(model, source, settings)
+    if settings.ops == "native":
+        model = inline_custom_ops(model)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise RuntimeError(f"the exported model fails onnx.checker: {exc}") from exc
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+    """Write ``model`` atomically; weights go to ``<name>.data`` beside it once past 2 GB."""
+    from dsa_export.fileio import atomic_output
+
+    path = Path(path)
+    external = model.ByteSize() > (2**31 - 2**20)
+    with atomic_output(path, extra_suffixes=(".data",) if external else ()) as tmp:
+        if external:
+            # Relative location resolves beside the final file after the rename.
+            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=path.name + ".data")
+            os.replace(tmp.parent / (path.name + ".data"), Path(str(tmp) + ".data"))
+        else:
+            onnx.save_model(model, tmp)
+    return path

@@ -1,0 +1,93 @@
+"""Configuration of the reference DSA language model (:class:`dsa_export.nn.DSACausalLM`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+LAYER_TYPES = ("local", "dsa", "hybrid", "dense")
+
+
+@dataclass(frozen=True)
+class DSAModelConfig:
+    """Every field of the reference model; the defaults are the ``tiny`` demo.
+
+    The layer schedule follows the seed design: sliding-window attention in the lowest layers
+    (``local``), DeepSeek Sparse Attention in the middle (``dsa``) and a gated mix of sparse and
+    dense attention on top (``hybrid``). ``dense`` is plain causal MLA attention.
+    """
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    layer_types: tuple[str, ...] = ("local", "dsa", "dsa", "hybrid")
+    num_heads: int = 4
+    #: MLA low-rank query/key-value compression (DeepSeek-V3 attention).
+    q_lora_rank: int = 32
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 8
+    v_head_dim: int = 16
+    #: "mqa": queries absorbed into the latent space, one shared latent key/value head (how
+    #: DeepSeek serves MLA); "expanded": per-head keys and values (how HF's eager model computes).
+    mla_form: str = "mqa"
+    mla_rope_interleave: bool = True
+    #: Lightning indexer. Tiny models need >= 16 indexer heads to avoid exact score ties.
+    index_n_heads: int = 16
+    index_head_dim: int = 32
+    index_topk: int = 32
+    indexer_rope_interleave: bool = False
+    #: Sliding-window layers: window length and head size.
+    sliding_window: int = 16
+    local_head_dim: int = 16
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    seed: int = 0
+    name: str = "custom"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad:
+            raise ValueError(f"unknown layer type(s) {bad}; use {LAYER_TYPES}.")
+        if self.mla_form not in ("mqa", "expanded"):
+            raise ValueError(f"mla_form must be 'mqa' or 'expanded', not {self.mla_form!r}.")
+        if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim > self.index_head_dim:
+            raise ValueError("qk_rope_head_dim must be even and at most index_head_dim.")
+        if self.qk_rope_head_dim > self.local_head_dim:
+            raise ValueError("qk_rope_head_dim must be at most local_head_dim.")
+        if min(self.index_topk, self.sliding_window, self.num_heads, self.index_n_heads) < 1:
+            raise ValueError("index_topk, sliding_window, num_heads and index_n_heads must be >= 1.")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return self.qk_head_dim**-0.5
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["layer_types"] = list(self.layer_types)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DSAModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}.")
+        values = dict(data)
+        if "layer_types" in values:
+            values["layer_types"] = tuple(values["layer_types"])
+        return cls(**values)

@@ -1,0 +1,90 @@
+"""NumPy references of the ``dsa`` ops, written for clarity rather than speed.
+
+They follow the op contract literally (dense float64 scores, a mask, a stable sort) so they can
+check every other implementation: the torch ops, the ONNX function bodies and the CUDA kernels.
+Each op is also an :class:`onnx.reference.op_run.OpRun` subclass, so ``onnx.reference``'s
+``ReferenceEvaluator`` runs a plugin-mode graph with ``new_ops=REFERENCE_OPS``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.reference.op_run import OpRun
+
+from dsa_export.ops.contract import DOMAIN
+
+
+def _as_float64(x: np.ndarray) -> np.ndarray:
+    # ml_dtypes.bfloat16 arrays convert through float32.
+    return np.asarray(x).astype(np.float32).astype(np.float64)
+
+
+def indexer_topk_reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    w: np.ndarray,
+    lengths: np.ndarray | None = None,
+    *,
+    topk: int,
+    scale: float,
+    causal: bool = True,
+) -> np.ndarray:
+    """int32 ``[B,S,topk]`` selected key positions, ties toward the lower index, -1 padded."""
+    q64, k64, w64 = _as_float64(q), _as_float64(k), _as_float64(w)
+    b, s, _, _ = q64.shape
+    t = k64.shape[1]
+    logits = np.einsum("bshd,btd->bsht", q64, k64) * scale
+    scores = (np.maximum(logits, 0.0) * w64[..., None]).sum(axis=2)  # [B,S,T]
+    out = np.full((b, s, topk), -1, dtype=np.int32)
+    for bi in range(b):
+        n_valid = t if lengths is None else int(np.clip(lengths[bi], 0, t))
+        for si in range(s):
+            limit = min(n_valid, t - s + si + 1) if causal else n_valid
+            if limit <= 0:
+                continue
+            row = scores[bi, si, :limit]
+            order = np.argsort(-row, kind="stable")[:topk]  # stable: ties keep the lower index first
+            out[bi, si, : len(order)] = np.sort(order)
+    return out
+
+
+def sparse_attention_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, indices: np.ndarray, *, scale: float
+) -> np.ndarray:
+    """``[B,S,H,Dv]`` attention over the selected keys, in q's dtype; rows with no valid key are 0."""
+    q64, k64, v64 = _as_float64(q), _as_float64(k), _as_float64(v)
+    b, s, h, _ = q64.shape
+    t, hkv, dv = k64.shape[1], k64.shape[2], v64.shape[3]
+    group = h // hkv
+    out = np.zeros((b, s, h, dv), dtype=np.float64)
+    for bi in range(b):
+        for si in range(s):
+            sel = [int(i) for i in indices[bi, si] if 0 <= int(i) < t]
+            if not sel:
+                continue
+            for hi in range(h):
+                g = hi // group
+                logits = k64[bi, sel, g] @ q64[bi, si, hi] * scale
+                p = np.exp(logits - logits.max())
+                out[bi, si, hi] = (p / p.sum()) @ v64[bi, sel, g]
+    return out.astype(np.asarray(q).dtype)
+
+
+class DSAIndexerTopK(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k, w, lengths=None, topk=None, scale=None, causal=1, plugin_namespace=None,
+             plugin_version=None):
+        return (indexer_topk_reference(q, k, w, lengths, topk=int(topk), scale=float(scale), causal=bool(causal)),)
+
+
+class DSASparseAttention(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k, v, indices, scale=None, plugin_namespace=None, plugin_version=None):
+        return (sparse_attention_reference(q, k, v, indices, scale=float(scale)),)
+
+
+#: OpRun classes keyed by op name, for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``.
+REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention]
+REFERENCE_BY_NAME = {cls.__name__: cls for cls in REFERENCE_OPS}

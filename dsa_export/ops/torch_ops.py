@@ -1,0 +1,136 @@
+"""torch.library custom ops ``dsa::indexer_topk`` and ``dsa::sparse_attention``.
+
+The implementations are plain torch (they run on any device) and are both the reference of the
+contract and the CPU deployment path, so they are written for speed as well as clarity: queries
+are processed in chunks that bound memory, and the selected key/value rows are gathered once per
+kv head and reused by every query head of that group. The fake (meta) kernels give the exporter
+output shapes with symbolic batch and sequence dims.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsa_export.ops.contract import DOMAIN
+
+# Bytes of float32 scratch one chunk of queries may use; keeps long sequences within cache-friendly
+# working sets on CPU and bounded on GPU.
+_CHUNK_BYTES = 64 << 20
+
+
+def _chunk_rows(total: int, bytes_per_row: int) -> int:
+    return max(1, min(total, _CHUNK_BYTES // max(1, bytes_per_row)))
+
+
+def allowed_keys(
+    batch: int, s: int, t: int, *, causal: bool, lengths: torch.Tensor | None, device, row_start: int = 0,
+    rows: int | None = None,
+) -> torch.Tensor:
+    """Boolean ``[B or 1, rows, T]`` mask of the keys that queries ``row_start..`` may select."""
+    rows = s - row_start if rows is None else rows
+    key_pos = torch.arange(t, device=device)
+    mask = torch.ones(1, rows, t, dtype=torch.bool, device=device)
+    if causal:
+        query_pos = torch.arange(row_start, row_start + rows, device=device) + (t - s)
+        mask = mask & (key_pos[None, None, :] <= query_pos[None, :, None])
+    if lengths is not None:
+        valid = key_pos[None, :] < lengths.to(device=device, dtype=torch.int64)[:, None]  # [B,T]
+        mask = mask & valid[:, None, :]
+    return mask
+
+
+def _select_topk(scores: torch.Tensor, allowed: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top-``topk`` allowed positions per row of ``scores`` ``[..., T]``, ties to the lower index.
+
+    torch.topk does not order ties, so the k-th value is found with topk and the tied positions at
+    that value are then taken in index order, which is what ONNX TopK and the contract specify.
+    Returns int32 ``[..., topk]`` in ascending key order, -1 padded.
+    """
+    t = scores.shape[-1]
+    kk = min(topk, t)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    out_shape = (*scores.shape[:-1], topk)
+    if kk == 0:
+        return torch.full(out_shape, -1, dtype=torch.int32, device=scores.device)
+    threshold = masked.topk(kk, dim=-1, sorted=True).values[..., -1:]
+    above = (masked > threshold) & allowed
+    tied = (masked == threshold) & allowed
+    room = kk - above.sum(-1, keepdim=True)
+    chosen = above | (tied & (tied.cumsum(-1) <= room))
+    slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(scores, topk, dtype=torch.int64))
+    out = torch.full((*scores.shape[:-1], topk + 1), -1, dtype=torch.int64, device=scores.device)
+    positions = torch.arange(t, device=scores.device).expand_as(slot)
+    out.scatter_(-1, slot, positions)
+    return out[..., :topk].to(torch.int32)
+
+
+def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
+    """float32 ``[B,S,T]`` index scores ``sum_h w * ReLU(scale * q_h . k)`` (unchunked helper)."""
+    b, s, h, d = q.shape
+    logits = torch.matmul(q.float().reshape(b, s * h, d), k.float().transpose(1, 2))  # [B,S*H,T]
+    logits = torch.relu(logits * scale).reshape(b, s, h, -1)
+    return (logits * w.float()[..., None]).sum(dim=2)
+
+
+@torch.library.custom_op(f"{DOMAIN}::indexer_topk", mutates_args=())
+def indexer_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    lengths: torch.Tensor | None,
+    topk: int,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    b, s, h, _ = q.shape
+    t = k.shape[1]
+    out = torch.empty(b, s, topk, dtype=torch.int32, device=q.device)
+    rows = _chunk_rows(s, b * t * (h + 4) * 4)
+    for start in range(0, s, rows):
+        stop = min(s, start + rows)
+        scores = indexer_scores(q[:, start:stop], k, w[:, start:stop], scale)
+        allowed = allowed_keys(b, s, t, causal=causal, lengths=lengths, device=q.device, row_start=start,
+                               rows=stop - start).expand(b, -1, -1)
+        out[:, start:stop] = _select_topk(scores, allowed, topk)
+    return out
+
+
+@indexer_topk.register_fake
+def _indexer_topk_fake(q, k, w, lengths, topk, scale, causal):
+    return q.new_empty((q.shape[0], q.shape[1], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{DOMAIN}::sparse_attention", mutates_args=())
+def sparse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, scale: float
+) -> torch.Tensor:
+    b, s, h, dk = q.shape
+    t, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    n_sel = indices.shape[2]
+    group = h // hkv
+    out = torch.empty(b, s, h, dv, dtype=q.dtype, device=q.device)
+    rows = _chunk_rows(s, b * n_sel * (dk + dv + 2 * group) * 4)
+    for start in range(0, s, rows):
+        stop = min(s, start + rows)
+        c = stop - start
+        idx = indices[:, start:stop].long()
+        valid = (idx >= 0) & (idx < t)  # [B,c,K]
+        flat = torch.where(valid, idx, 0).reshape(b, c * n_sel)
+        any_valid = valid.any(-1)  # [B,c]
+        for g in range(hkv):
+            # Gather the selected rows once for this kv head; all `group` query heads reuse them.
+            k_sel = k[:, :, g].float().gather(1, flat[..., None].expand(-1, -1, dk)).reshape(b, c, n_sel, dk)
+            v_sel = v[:, :, g].float().gather(1, flat[..., None].expand(-1, -1, dv)).reshape(b, c, n_sel, dv)
+            qg = q[:, start:stop, g * group:(g + 1) * group].float()  # [B,c,group,Dk]
+            logits = torch.matmul(qg, k_sel.transpose(-1, -2)) * scale  # [B,c,group,K]
+            logits = logits.masked_fill(~valid[:, :, None, :], float("-inf"))
+            probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
+            res = torch.matmul(probs, v_sel)  # [B,c,group,Dv]
+            res = res.masked_fill(~any_valid[:, :, None, None], 0.0)
+            out[:, start:stop, g * group:(g + 1) * group] = res.to(q.dtype)
+    return out
+
+
+@sparse_attention.register_fake
+def _sparse_attention_fake(q, k, v, indices, scale):
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))

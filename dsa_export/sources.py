@@ -1,0 +1,140 @@
+"""Resolve what the user calls MODEL into a torch module, example inputs and a reference spec.
+
+A spec is a built-in name (``tiny``), ``builtin:tiny``, or ``path/to/file.py:factory`` where the
+factory returns ``(module, example_inputs)`` and may accept ``batch`` / ``seq_len`` keywords. The
+spec is stored in the exported file's metadata so ``validate`` can rebuild the reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsa_export.errors import DSAUserError
+
+
+@dataclass
+class ModelSource:
+    spec: str  # canonical spec string stored in metadata
+    module: Any  # torch.nn.Module
+    example_inputs: dict[str, Any]
+    output_names: list[str] = field(default_factory=lambda: ["logits"])
+    config: dict | None = None
+    file_sha256: str | None = None
+
+    def inputs_for(self, batch: int, seq_len: int, seed: int = 0) -> dict[str, Any]:
+        """Inputs of another shape: rebuilt for built-ins, by calling the factory again for files."""
+        return _inputs_for(self, batch, seq_len, seed)
+
+
+def _builtin(name: str, batch: int, seq_len: int, seed: int) -> ModelSource:
+    from dsa_export.nn import BUILTIN_CONFIGS, build_builtin, example_inputs
+
+    if name not in BUILTIN_CONFIGS:
+        raise DSAUserError(
+            f"'{name}' is neither a built-in model ({', '.join(BUILTIN_CONFIGS)}) nor a "
+            "path/file.py:factory; pass one of those."
+        )
+    module = build_builtin(name)
+    return ModelSource(
+        spec=f"builtin:{name}",
+        module=module,
+        example_inputs=example_inputs(module.config, batch, seq_len, seed),
+        config=module.config.to_dict(),
+    )
+
+
+def _load_factory(path: Path, attr: str):
+    if not path.is_file():
+        raise DSAUserError(f"model file '{path}' does not exist; pass an existing path/file.py:factory.")
+    module_name = "dsa_export_user_model_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise DSAUserError(f"cannot import '{path}' as Python; pass a .py file.")
+    user_module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = user_module
+    try:
+        spec.loader.exec_module(user_module)
+    except Exception as exc:
+        raise DSAUserError(f"importing '{path}' failed with {type(exc).__name__}: {exc}; fix the file.") from exc
+    factory = getattr(user_module, attr, None)
+    if not callable(factory):
+        raise DSAUserError(f"'{path}' has no callable '{attr}'; name a function returning (module, inputs).")
+    return factory
+
+
+def _call_factory(factory, batch: int | None, seq_len: int | None):
+    params = inspect.signature(factory).parameters
+    kwargs = {}
+    if batch is not None and "batch" in params:
+        kwargs["batch"] = batch
+    if seq_len is not None and "seq_len" in params:
+        kwargs["seq_len"] = seq_len
+    result = factory(**kwargs)
+    if not (isinstance(result, tuple) and len(result) in (2, 3)):
+        raise DSAUserError("the model factory must return (module, example_inputs[, output_names]).")
+    module, inputs = result[0], result[1]
+    names = list(result[2]) if len(result) == 3 else None
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise DSAUserError("the model factory must return a torch.nn.Module first.")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if isinstance(inputs, (tuple, list)):
+        arg_names = [p for p in inspect.signature(module.forward).parameters][: len(inputs)]
+        inputs = dict(zip(arg_names, inputs))
+    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+        raise DSAUserError("example_inputs must be a tensor, a tuple of tensors or a dict of tensors.")
+    return module.eval(), inputs, names
+
+
+def resolve(spec: str | None, *, batch: int = 2, seq_len: int = 64, seed: int = 0) -> ModelSource:
+    """Turn a MODEL argument into a :class:`ModelSource`."""
+    from dsa_export.nn import DEFAULT_MODEL
+
+    spec = spec or DEFAULT_MODEL
+    if spec.startswith("builtin:"):
+        return _builtin(spec.split(":", 1)[1], batch, seq_len, seed)
+    if ".py:" in spec or spec.endswith(".py"):
+        path_text, _, attr = spec.rpartition(":") if ".py:" in spec else (spec, ":", "")
+        if not attr:
+            raise DSAUserError(f"'{spec}' names no factory; use path/file.py:factory.")
+        path = Path(path_text).expanduser()
+        factory = _load_factory(path, attr)
+        module, inputs, names = _call_factory(factory, batch, seq_len)
+        from dsa_export.fileio import sha256_file
+
+        source = ModelSource(
+            spec=f"{path.resolve()}:{attr}", module=module, example_inputs=inputs,
+            file_sha256=sha256_file(path),
+        )
+        source.output_names = names or source.output_names
+        source._factory = factory  # type: ignore[attr-defined]
+        return source
+    if Path(spec).is_dir():
+        raise DSAUserError(
+            f"'{spec}' is a directory; Hugging Face checkpoints are not supported by this version, "
+            "pass a built-in model name or path/file.py:factory."
+        )
+    return _builtin(spec, batch, seq_len, seed)
+
+
+def _inputs_for(source: ModelSource, batch: int, seq_len: int, seed: int) -> dict[str, Any]:
+    if source.spec.startswith("builtin:"):
+        from dsa_export.nn import example_inputs
+
+        return example_inputs(source.module.config, batch, seq_len, seed)
+    factory = getattr(source, "_factory", None)
+    if factory is not None and {"batch", "seq_len"} & set(inspect.signature(factory).parameters):
+        _, inputs, _ = _call_factory(factory, batch, seq_len)
+        return inputs
+    raise DSAUserError(
+        f"the factory of '{source.spec}' takes no batch/seq_len arguments, so inputs of other shapes "
+        "cannot be made; add `batch` and `seq_len` parameters to it."
+    )
