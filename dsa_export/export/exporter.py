@@ -70,7 +70,8 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
     sink = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink), torch.no_grad():
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        for noisy in ("torch.onnx", "onnxscript", "onnx_ir"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
         try:
             program = torch.onnx.export(
                 module,

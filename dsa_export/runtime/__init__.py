@@ -1,0 +1,1 @@
+"""Runtimes: Polygraphy-compatible runners for torch and ONNX Runtime."""

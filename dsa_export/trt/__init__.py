@@ -1,0 +1,1 @@
+"""TensorRT-family backends. Nothing here imports TensorRT until a loader is called."""

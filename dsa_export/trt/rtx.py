@@ -1,0 +1,114 @@
+"""TensorRT-RTX: parse an ONNX file and build an ahead-of-time engine, on a machine without a GPU.
+
+TensorRT-RTX has no plugin support, so custom ``dsa`` nodes are inlined from their ONNX function
+bodies by its parser. Its AOT builder targets the compute capabilities given (Ampere and newer
+consumer/workstation GPUs; it does not support Hopper), so this proves a graph parses and builds
+here, while production engines for data-center GPUs come from full TensorRT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from dsa_export.errors import DSAUserError, require
+from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange, input_profiles
+
+RTX_MODULE = "tensorrt_rtx_bindings"
+RTX_INSTALL = "pip install tensorrt-rtx-cu13-bindings tensorrt-rtx-cu13-libs"
+DEFAULT_TARGETS = ("SM89",)
+
+
+def rtx():
+    """The TensorRT-RTX Python module, or a clear error naming the install command."""
+    return require(RTX_MODULE, "Building with TensorRT-RTX", RTX_INSTALL)
+
+
+def rtx_version() -> str | None:
+    try:
+        return rtx().__version__
+    except DSAUserError:
+        return None
+
+
+@dataclass
+class RtxBuildResult:
+    engine: bytes
+    version: str
+    targets: tuple[str, ...]
+    profiles: dict[str, tuple[list[int], ...]]
+    layers: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _logger(trt, sink: list[str]):
+    class _Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.WARNING:
+                sink.append(f"{severity.name}: {msg}")
+
+    return _Logger()
+
+
+@dataclass
+class ParsedNetwork:
+    """Keeps the logger alive as long as the builder and network that use it."""
+
+    builder: object
+    network: object
+    parser: object
+    logger: object
+    messages: list[str]
+
+
+def parse_onnx(path: str | Path) -> ParsedNetwork:
+    """Parse ``path`` with TensorRT-RTX's ONNX parser; raises a user error on parse errors."""
+    trt = rtx()
+    messages: list[str] = []
+    logger = _logger(trt, messages)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(path)):
+        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+        raise DSAUserError(f"TensorRT-RTX could not parse '{path}': {errors}")
+    return ParsedNetwork(builder, network, parser, logger, messages)
+
+
+def build_engine(
+    path: str | Path,
+    ranges: ShapeRange = DEFAULT_RANGE,
+    targets: tuple[str, ...] = DEFAULT_TARGETS,
+) -> RtxBuildResult:
+    """AOT-build ``path`` for the given compute capabilities with one dynamic profile."""
+    trt = rtx()
+    parsed = parse_onnx(path)
+    builder, network, messages = parsed.builder, parsed.network, parsed.messages
+    config = builder.create_builder_config()
+    model = onnx.load(str(path), load_external_data=False)
+    profiles = input_profiles(model, ranges)
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in profiles.items():
+        profile.set_shape(name, lo, opt, hi)
+    config.add_optimization_profile(profile)
+    config.num_compute_capabilities = len(targets)
+    for i, target in enumerate(targets):
+        try:
+            cc = getattr(trt.ComputeCapability, target)
+        except AttributeError:
+            known = [c for c in trt.ComputeCapability.__members__ if c.startswith("SM")]
+            raise DSAUserError(f"TensorRT-RTX cannot target {target}; choose from {', '.join(known)}.") from None
+        config.set_compute_capability(cc, i)
+    engine = builder.build_serialized_network(network, config)
+    if engine is None:
+        detail = "; ".join(m for m in messages if m.startswith("ERROR"))[:500]
+        raise DSAUserError(f"TensorRT-RTX failed to build an engine from '{path}': {detail or 'see the log'}")
+    return RtxBuildResult(
+        engine=bytes(engine), version=trt.__version__, targets=tuple(targets), profiles=profiles,
+        layers=network.num_layers, warnings=[m for m in messages if m.startswith("WARNING")],
+    )

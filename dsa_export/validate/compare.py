@@ -1,0 +1,175 @@
+"""Compare an exported ONNX file with the torch model it came from.
+
+Polygraphy's ``Comparator`` runs our :class:`TorchRunner` and an ONNX Runtime runner on the same
+inputs (one batch per sequence length) and judges each output with ``CompareFunc.simple``
+(``|a - b| <= atol + rtol * |b|`` elementwise); we add a per-output table of max / median
+absolute and max relative error for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from dsa_export.errors import DSAUserError
+from dsa_export.export.exporter import META_CONFIG, META_FILE_SHA, META_SETTINGS, META_SPEC
+from dsa_export.runtime.onnxrt import polygraphy_runner
+from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
+
+log = logging.getLogger(__name__)
+
+#: Default tolerances per exported dtype (fp32 follows the acceptance bar of the core issue).
+DEFAULT_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2)}
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """What to compare and how strictly.
+
+    Attributes:
+        reference: MODEL spec of the torch reference; ``None`` reads it from the file's metadata.
+        seq_lens: sequence lengths to test; lengths the export never saw are the point.
+        batch: batch size of the generated inputs.
+        atol, rtol: tolerances; ``None`` takes the exported dtype's default.
+        seed: seed of the generated inputs.
+    """
+
+    reference: str | None = None
+    seq_lens: tuple[int, ...] = (16, 64, 256)
+    batch: int = 2
+    atol: float | None = None
+    rtol: float | None = None
+    seed: int = 1
+
+
+@dataclass
+class OutputError:
+    seq_len: int
+    output: str
+    max_abs: float
+    median_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclass
+class ValidationReport:
+    model: str
+    reference: str
+    dtype: str
+    atol: float
+    rtol: float
+    runners: list[str]
+    errors: list[OutputError] = field(default_factory=list)
+    passed: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def table(self) -> str:
+        header = f"{'seq_len':>7}  {'output':<16} {'max_abs':>10} {'median_abs':>10} {'max_rel':>10}  result"
+        rows = [
+            f"{e.seq_len:>7}  {e.output:<16} {e.max_abs:>10.3e} {e.median_abs:>10.3e} {e.max_rel:>10.3e}  "
+            f"{'PASS' if e.passed else 'FAIL'}"
+            for e in self.errors
+        ]
+        verdict = "PASSED" if self.passed else "FAILED"
+        return "\n".join([header, *rows, f"{verdict}: {self.runners[1]} vs {self.runners[0]} "
+                          f"(atol={self.atol:g}, rtol={self.rtol:g}, dtype {self.dtype})"])
+
+
+def _metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: Path):
+    from dsa_export.sources import resolve
+
+    spec = settings.reference or meta.get(META_SPEC)
+    if not spec:
+        raise DSAUserError(f"'{path}' records no reference model; pass one with --reference MODEL.")
+    source = resolve(spec, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed)
+    if settings.reference is None and META_CONFIG in meta and source.config is not None:
+        if json.loads(meta[META_CONFIG]) != source.config:
+            raise DSAUserError(
+                f"the built-in '{spec}' no longer matches the config recorded in '{path}'; "
+                "re-export the model or pass --reference."
+            )
+    if META_FILE_SHA in meta and source.file_sha256 and meta[META_FILE_SHA] != source.file_sha256:
+        log.warning("the reference file %s changed since export; comparing against its current code", spec)
+    return source
+
+
+def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
+    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output."""
+    import torch
+    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    path = Path(path)
+    if not path.is_file():
+        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file.")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
+    meta = _metadata(model)
+    dtype = json.loads(meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
+    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["fp32"])
+    atol = default_atol if settings.atol is None else settings.atol
+    rtol = default_rtol if settings.rtol is None else settings.rtol
+
+    source = _reference_source(meta, settings, path)
+    from dsa_export.export.settings import DTYPES
+
+    source.module.to(getattr(torch, DTYPES.get(dtype, "float32")))
+    output_names = [o.name for o in model.graph.output]
+    onnx_inputs = [i.name for i in model.graph.input]
+    feeds = []
+    for seq_len in settings.seq_lens:
+        inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
+        missing = sorted(set(onnx_inputs) - set(inputs))
+        if missing:
+            raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
+        feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
+
+    torch_runner = TorchRunner(source.module, metadata_from_onnx(model), output_names, name="torch")
+    ort_runner = polygraphy_runner(path, name="onnxruntime")
+    previous = G_LOGGER.module_severity
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+    try:
+        results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+        verdict = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    finally:
+        G_LOGGER.module_severity = previous
+    report = ValidationReport(
+        model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol,
+        runners=["torch", "onnxruntime"], passed=bool(verdict),
+    )
+    (_, torch_iters), (_, ort_iters) = results[0], results[1]
+    for seq_len, expected, actual in zip(settings.seq_lens, torch_iters, ort_iters):
+        for name in output_names:
+            ref = np.asarray(expected[name], dtype=np.float64)
+            out = np.asarray(actual[name], dtype=np.float64)
+            diff = np.abs(out - ref)
+            report.errors.append(OutputError(
+                seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
+                max_rel=float((diff / np.maximum(np.abs(ref), 1e-12)).max()),
+                passed=bool(np.all(diff <= atol + rtol * np.abs(ref))),
+            ))
+    report.passed = report.passed and all(e.passed for e in report.errors)
+    return report
+
+
+def _to_numpy(tensor, dtype: str) -> np.ndarray:
+    import torch
+
+    if tensor.is_floating_point():
+        # Feed ONNX Runtime the file's float type; bf16 needs ml_dtypes via float32.
+        tensor = tensor.to({"fp32": torch.float32, "fp16": torch.float16}.get(dtype, torch.float32))
+    return tensor.detach().cpu().numpy()
