@@ -75,7 +75,10 @@ def _call_factory(factory, batch: int | None, seq_len: int | None):
         kwargs["batch"] = batch
     if seq_len is not None and "seq_len" in params:
         kwargs["seq_len"] = seq_len
-    result = factory(**kwargs)
+    try:
+        result = factory(**kwargs)
+    except Exception as exc:
+        raise DSAUserError(f"the model factory raised {type(exc).__name__}: {exc}; fix the factory.") from exc
     if not (isinstance(result, tuple) and len(result) in (2, 3)):
         raise DSAUserError("the model factory must return (module, example_inputs[, output_names]).")
     module, inputs = result[0], result[1]

@@ -103,7 +103,8 @@ class MLAttention(nn.Module):
         w_kv = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         w_uk, w_uv = w_kv.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=1)
         if cfg.mla_form == "mqa":
-            q_lat = torch.einsum("bshn,hnc->bshc", q_nope, w_uk)
+            # Absorb W_UK into the queries: [B,H,S,n] @ [H,n,c] (MatMul, which has bf16 in ONNX).
+            q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)
             q_full = torch.cat((q_lat, q_pe), -1)  # [B,S,H,kv_lora+rope]
             k_full = torch.cat((c_kv[:, :, None], k_pe), -1)  # [B,T,1,kv_lora+rope]
             v_full = c_kv[:, :, None]  # [B,T,1,kv_lora]
@@ -139,7 +140,7 @@ class MLAttention(nn.Module):
                 gate = torch.sigmoid(self.gate(x))[..., None]  # [B,S,H,1]
                 out = gate * out + (1.0 - gate) * dense
         if cfg.mla_form == "mqa":
-            out = torch.einsum("bshc,hvc->bshv", out, w_uv)
+            out = torch.matmul(out.transpose(1, 2), w_uv.transpose(1, 2)).transpose(1, 2)  # latent -> v
         return self.o_proj(out.reshape(b, s, cfg.num_heads * cfg.v_head_dim))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 from torch import nn
 
@@ -46,9 +48,13 @@ class DSACausalLM(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> DSACausalLM:
-        """Seeded LeCun-normal weights so every build of a named config is bit-identical."""
-        gen = torch.Generator().manual_seed(seed)
-        for name, param in sorted(self.named_parameters()):
+        """Seeded LeCun-normal weights so every build of a named config is bit-identical.
+
+        Each parameter draws from its own generator seeded by (seed, name), so a parameter's value
+        does not depend on which other layers the schedule contains.
+        """
+        for name, param in self.named_parameters():
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
             if name.endswith("norm.weight") or name.endswith("k_norm.weight"):
                 param.fill_(1.0)
             elif name.endswith(".bias"):

@@ -23,8 +23,12 @@ from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
 
 log = logging.getLogger(__name__)
 
-#: Default tolerances per exported dtype (fp32 follows the acceptance bar of the core issue).
-DEFAULT_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2)}
+#: Default (atol, rtol, error statistic) per exported dtype. The reference always runs in fp32.
+#: fp32 files must match elementwise (the core acceptance bar). In fp16/bf16 a rounding difference
+#: in an indexer score can swap which key is selected near the k-th place, which moves single
+#: logits by O(0.1) while the bulk stays close, so low precision is judged on the median error.
+DEFAULT_TOLERANCES = {"fp32": (1e-4, 1e-4, "elemwise"), "fp16": (1e-2, 1e-2, "median"), "bf16": (5e-2, 5e-2, "median")}
+ERROR_STATS = ("elemwise", "max", "mean", "median")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class ValidationSettings:
         seq_lens: sequence lengths to test; lengths the export never saw are the point.
         batch: batch size of the generated inputs.
         atol, rtol: tolerances; ``None`` takes the exported dtype's default.
+        error_stat: ``elemwise`` (every element within atol + rtol*|ref|) or a statistic of the
+            error (``median``, ``mean``, ``max``) that must be within atol or rtol, as Polygraphy's
+            ``SimpleCompareFunc`` defines them; ``None`` takes the dtype's default.
         seed: seed of the generated inputs.
     """
 
@@ -44,6 +51,7 @@ class ValidationSettings:
     batch: int = 2
     atol: float | None = None
     rtol: float | None = None
+    error_stat: str | None = None
     seed: int = 1
 
 
@@ -64,6 +72,7 @@ class ValidationReport:
     dtype: str
     atol: float
     rtol: float
+    error_stat: str
     runners: list[str]
     errors: list[OutputError] = field(default_factory=list)
     passed: bool = False
@@ -80,7 +89,8 @@ class ValidationReport:
         ]
         verdict = "PASSED" if self.passed else "FAILED"
         return "\n".join([header, *rows, f"{verdict}: {self.runners[1]} vs {self.runners[0]} "
-                          f"(atol={self.atol:g}, rtol={self.rtol:g}, dtype {self.dtype})"])
+                          f"({self.error_stat} error within atol={self.atol:g}/rtol={self.rtol:g}, {self.dtype} file, "
+                          "fp32 reference)"])
 
 
 def _metadata(model: onnx.ModelProto) -> dict[str, str]:
@@ -108,7 +118,7 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
 def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
     """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output."""
     import torch
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
     path = Path(path)
@@ -120,14 +130,15 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
         raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
     meta = _metadata(model)
     dtype = json.loads(meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
-    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["fp32"])
+    default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["fp32"])
     atol = default_atol if settings.atol is None else settings.atol
     rtol = default_rtol if settings.rtol is None else settings.rtol
+    error_stat = settings.error_stat or default_stat
+    if error_stat not in ERROR_STATS:
+        raise DSAUserError(f"error statistic '{error_stat}' is unknown; use one of {', '.join(ERROR_STATS)}.")
 
     source = _reference_source(meta, settings, path)
-    from dsa_export.export.settings import DTYPES
-
-    source.module.to(getattr(torch, DTYPES.get(dtype, "float32")))
+    source.module.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
     output_names = [o.name for o in model.graph.output]
     onnx_inputs = [i.name for i in model.graph.input]
     feeds = []
@@ -139,16 +150,25 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
         feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
 
     torch_runner = TorchRunner(source.module, metadata_from_onnx(model), output_names, name="torch")
+    if dtype == "bf16":
+        import onnxruntime
+
+        if not set(onnxruntime.get_available_providers()) - {"CPUExecutionProvider", "AzureExecutionProvider"}:
+            raise DSAUserError(
+                "ONNX Runtime's CPU provider has no bf16 kernels, so a bf16 file cannot be validated here; "
+                "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
+            )
     ort_runner = polygraphy_runner(path, name="onnxruntime")
     previous = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.ERROR
     try:
         results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
-        verdict = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+        compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
+        verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
         G_LOGGER.module_severity = previous
     report = ValidationReport(
-        model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol,
+        model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
         runners=["torch", "onnxruntime"], passed=bool(verdict),
     )
     (_, torch_iters), (_, ort_iters) = results[0], results[1]
@@ -157,13 +177,20 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             ref = np.asarray(expected[name], dtype=np.float64)
             out = np.asarray(actual[name], dtype=np.float64)
             diff = np.abs(out - ref)
+            rel = diff / np.maximum(np.abs(ref), 1e-12)
             report.errors.append(OutputError(
                 seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
-                max_rel=float((diff / np.maximum(np.abs(ref), 1e-12)).max()),
-                passed=bool(np.all(diff <= atol + rtol * np.abs(ref))),
+                max_rel=float(rel.max()), passed=_within(diff, rel, ref, atol, rtol, error_stat),
             ))
     report.passed = report.passed and all(e.passed for e in report.errors)
     return report
+
+
+def _within(diff: np.ndarray, rel: np.ndarray, ref: np.ndarray, atol: float, rtol: float, stat: str) -> bool:
+    if stat == "elemwise":
+        return bool(np.all(diff <= atol + rtol * np.abs(ref)))
+    reduce = {"max": np.max, "mean": np.mean, "median": np.median}[stat]
+    return bool(reduce(diff) <= atol or reduce(rel) <= rtol)
 
 
 def _to_numpy(tensor, dtype: str) -> np.ndarray:

@@ -1,0 +1,30 @@
+"""Shared fixtures: exported files of the default model are made once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Keep CPU tests predictable on small CI machines.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture(scope="session")
+def tiny_source():
+    from dsa_export.sources import resolve
+
+    return resolve("tiny")
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory, tiny_source):
+    """``{"plugin": path, "native": path}`` of the default model, exported once."""
+    from dsa_export.export import ExportSettings, export_model, save_model
+
+    out = tmp_path_factory.mktemp("exported")
+    paths = {}
+    for mode in ("plugin", "native"):
+        model = export_model(tiny_source, ExportSettings(ops=mode))
+        paths[mode] = save_model(model, out / f"tiny-{mode}.onnx")
+    return paths
