@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = _debug_requested(args)
     try:
-        cli.main(args=args, prog_name="dsa-export", standalone_mode=False)
+        # In non-standalone mode click returns ctx.exit(n)'s code instead of exiting.
+        code = cli.main(args=args, prog_name="dsa-export", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -113,4 +114,4 @@ def main(argv: list[str] | None = None) -> None:
             err=True,
         )
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

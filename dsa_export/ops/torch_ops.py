@@ -42,34 +42,53 @@ def allowed_keys(
 def _select_topk(scores: torch.Tensor, allowed: torch.Tensor, topk: int) -> torch.Tensor:
     """Top-``topk`` allowed positions per row of ``scores`` ``[..., T]``, ties to the lower index.
 
-    torch.topk does not order ties, so the k-th value is found with topk and the tied positions at
-    that value are then taken in index order, which is what ONNX TopK and the contract specify.
-    Returns int32 ``[..., topk]`` in ascending key order, -1 padded.
+    Returns int32 ``[..., topk]`` in ascending key order, -1 padded. torch.topk does not order
+    ties, so when a row holds more keys equal to its k-th value than fit, the tied keys are taken
+    in index order (what ONNX TopK and the op contract specify). Rows without such a tie take
+    torch.topk's answer directly, which is the common case and costs only a few passes.
     """
     t = scores.shape[-1]
     kk = min(topk, t)
-    masked = scores.masked_fill(~allowed, float("-inf"))
     out_shape = (*scores.shape[:-1], topk)
     if kk == 0:
         return torch.full(out_shape, -1, dtype=torch.int32, device=scores.device)
-    threshold = masked.topk(kk, dim=-1, sorted=True).values[..., -1:]
-    above = (masked > threshold) & allowed
-    tied = (masked == threshold) & allowed
-    room = kk - above.sum(-1, keepdim=True)
-    chosen = above | (tied & (tied.cumsum(-1) <= room))
-    slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(scores, topk, dtype=torch.int64))
-    out = torch.full((*scores.shape[:-1], topk + 1), -1, dtype=torch.int64, device=scores.device)
-    positions = torch.arange(t, device=scores.device).expand_as(slot)
-    out.scatter_(-1, slot, positions)
-    return out[..., :topk].to(torch.int32)
+    neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    masked = torch.where(allowed, scores, neg_inf)
+    values, positions = masked.topk(kk, dim=-1, sorted=True)
+    threshold = values[..., -1:]
+    # A row is ambiguous when keys equal to its (finite) k-th value were left out of the top-k.
+    # With an infinite k-th value the row has fewer allowed keys than k, and all of them are in.
+    ambiguous = ((masked == threshold).sum(-1, keepdim=True) != (values == threshold).sum(-1, keepdim=True)) & (
+        threshold > neg_inf
+    )
+    positions = torch.where(values > neg_inf, positions, t)  # disallowed picks become t for now
+    if bool(ambiguous.any()):
+        above = masked > threshold
+        tied = masked == threshold
+        room = kk - above.sum(-1, keepdim=True)
+        chosen = above | (tied & (tied.cumsum(-1) <= room))
+        slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(scores, kk, dtype=torch.int64))
+        fixed = torch.full((*scores.shape[:-1], kk + 1), t, dtype=torch.int64, device=scores.device)
+        fixed.scatter_(-1, slot, torch.arange(t, device=scores.device).expand_as(slot))
+        positions = torch.where(ambiguous, fixed[..., :kk], positions)
+    positions = positions.sort(dim=-1).values
+    positions = torch.where(positions < t, positions, -1)
+    if kk < topk:
+        positions = torch.cat((positions, positions.new_full((*scores.shape[:-1], topk - kk), -1)), -1)
+    return positions.to(torch.int32)
 
 
 def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
-    """float32 ``[B,S,T]`` index scores ``sum_h w * ReLU(scale * q_h . k)`` (unchunked helper)."""
+    """float32 ``[B,S,T]`` index scores ``sum_h w * ReLU(scale * q_h . k)``.
+
+    Two batched matmuls and one in-place ReLU: the head-weighted sum is a ``[1,H] @ [H,T]`` product
+    per query, which avoids elementwise passes over the ``[S,H,T]`` logits.
+    """
     b, s, h, d = q.shape
-    logits = torch.matmul(q.float().reshape(b, s * h, d), k.float().transpose(1, 2))  # [B,S*H,T]
-    logits = torch.relu(logits * scale).reshape(b, s, h, -1)
-    return (logits * w.float()[..., None]).sum(dim=2)
+    qs = q.float() * scale
+    logits = torch.matmul(qs.reshape(b, s * h, d), k.float().transpose(1, 2))  # [B,S*H,T]
+    logits = logits.clamp_min_(0.0).reshape(b * s, h, -1)
+    return torch.bmm(w.float().reshape(b * s, 1, h), logits).reshape(b, s, -1)
 
 
 @torch.library.custom_op(f"{DOMAIN}::indexer_topk", mutates_args=())
