@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dsa_export.compat.probe import COMPONENTS, ProbeSettings
+from dsa_export.compat.probe import COMPONENTS, ProbeSettings, load_snapshot
 from dsa_export.compat.rules import BACKENDS, PRECISIONS, CheckReport, CheckSettings, run_checks
 
 _MARKS = {"error": "ERROR", "warning": "WARN ", "info": "info "}
@@ -81,6 +81,12 @@ def render_table(report: CheckReport) -> str:
 )
 @click.option("--device", type=click.IntRange(min=0), default=None, help="GPU index to check against [default: 0].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, help="Seconds allowed for all probes [default: 4].")
+@click.option(
+    "--snapshot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Check a saved environment (a `check --json` report) instead of probing this machine.",
+)
 def command(
     as_json: bool,
     for_build: bool,
@@ -89,6 +95,7 @@ def command(
     engine: Path | None,
     device: int | None,
     timeout: float | None,
+    snapshot: Path | None,
 ) -> None:
     """Check the driver, CUDA, cuDNN, TensorRT, ONNX Runtime and torch against the compatibility matrix.
 
@@ -102,7 +109,7 @@ def command(
         device=device,
         probe=ProbeSettings(timeout_s=timeout),
     )
-    report = run_checks(settings)
+    report = run_checks(settings, load_snapshot(snapshot) if snapshot else None)
     click.echo(report.to_json() if as_json else render_table(report))
     # SystemExit, not ctx.exit(): with standalone_mode=False click returns ctx.exit's code from
     # cli.main instead of raising it, and main() does not pass that value on.

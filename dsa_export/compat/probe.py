@@ -146,6 +146,32 @@ class EnvironmentProbe:
         )
 
 
+def load_snapshot(path: str | os.PathLike[str]) -> EnvironmentProbe:
+    """Read a probe snapshot: a ``check --json`` report, a bare snapshot, or a test fixture.
+
+    Lets a maintainer re-run the rules on a user's environment. Raises DSAUserError when unreadable.
+    """
+    import json
+
+    from dsa_export.errors import DSAUserError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DSAUserError(f"Cannot read snapshot {path}: {exc.strerror or exc}.") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DSAUserError(f"Snapshot {path} is not valid JSON ({exc}).") from exc
+    if isinstance(data, dict):
+        for key in ("environment", "probe"):  # check --json report, test fixture
+            if isinstance(data.get(key), dict):
+                data = data[key]
+                break
+    try:
+        return EnvironmentProbe.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DSAUserError(f"Snapshot {path} is not a dsa-export probe snapshot ({type(exc).__name__}: {exc}).") from exc
+
+
 def _ordered(components: dict[str, ComponentRecord]) -> list[str]:
     known = [name for name in COMPONENTS if name in components]
     return known + sorted(name for name in components if name not in COMPONENTS)

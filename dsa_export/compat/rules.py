@@ -353,7 +353,7 @@ def _rule_trt_family(ctx: RuleContext, component: str, backend: str, label: str)
             ctx.severity(asked),
             component,
             f"{label} {record.version} supports compute capability {_spec_text(row['sm'])}, which excludes {_gpu_label(ctx)}.",
-            _unsupported_gpu_fix(backend),
+            _unsupported_gpu_fix(ctx, component, backend),
             row["source"],
         )
     if backend == "tensorrt" and row.get("cudnn_required") and not ctx.probe.component("cudnn").found:
@@ -376,10 +376,25 @@ def _rule_trt_family(ctx: RuleContext, component: str, backend: str, label: str)
         )
 
 
-def _unsupported_gpu_fix(backend: str) -> str:
+def _unsupported_gpu_fix(ctx: RuleContext, table: str, backend: str) -> str:
     if backend == "tensorrt-rtx":
         return "Use `--backend tensorrt` on this GPU (TensorRT-RTX targets GeForce/RTX Turing, Ampere, Ada and Blackwell)."
-    return "Use a TensorRT release whose support matrix lists this GPU (Volta needs TensorRT 10.4 or older)."
+    newest = newest_release_supporting(ctx.matrix, table, ctx.sm)
+    if newest is None:
+        return "Build on a GPU that this TensorRT release supports."
+    return f"Install TensorRT {newest}, the newest release in the matrix that supports compute capability {format_version(ctx.sm)}, or build on a newer GPU."
+
+
+def newest_release_supporting(matrix: CompatibilityMatrix, table: str, sm: Version | None) -> str | None:
+    """Newest specific (major.minor) release of ``table`` whose SM range includes ``sm``."""
+    if sm is None:
+        return None
+    candidates = [
+        parse_version(row["release"])
+        for row in matrix.table(table)
+        if len(parse_version(row["release"]) or ()) >= 2 and version_matches(sm, row["sm"])
+    ]
+    return format_version(max(candidates)) if candidates else None
 
 
 def _spec_text(spec: str | list[str]) -> str:
@@ -651,16 +666,21 @@ def run_checks(settings: CheckSettings | None = None, probe: EnvironmentProbe | 
     """
     settings = (settings or CheckSettings()).validated()
     matrix = load_matrix(settings.matrix_path)
+    requirements = None
+    if settings.engine is not None:  # a file that is not an engine fails before the slow probing
+        from dsa_export.compat.engine_gate import read_requirements
+
+        requirements = read_requirements(Path(settings.engine))
     if probe is None:
         probe = probe_environment(settings.probe)
     findings = evaluate(settings, probe, matrix)
     gpu = probe.gpus[settings.device] if settings.device is not None and settings.device < len(probe.gpus) else None
     resolved = resolve_backend(settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix)
     engine_info = None
-    if settings.engine is not None:
-        from dsa_export.compat.engine_gate import check_engine
+    if requirements is not None:
+        from dsa_export.compat.engine_gate import compare_engine
 
-        requirements, engine_findings = check_engine(settings.engine, probe, device=settings.device or 0)
+        engine_findings = compare_engine(requirements, probe, device=settings.device or 0)
         engine_info = {"path": str(settings.engine), "requirements": requirements.to_dict()}
         findings = sorted(
             findings + engine_findings,
