@@ -20,7 +20,9 @@ def _component_line(report: CheckReport, name: str) -> tuple[str, str, str]:
     extra = ""
     details = record.details
     if name == "driver":
-        extra = f"CUDA {details['cuda_driver_version']} " if details.get("cuda_driver_version") else ""
+        extra = (
+            f"CUDA {details['cuda_driver_version']} " if details.get("cuda_driver_version") else ""
+        )
         extra += f"via {details.get('source', '?')}"
     elif name == "torch":
         extra = f"CUDA {details.get('cuda') or 'none (CPU build)'}"
@@ -40,7 +42,11 @@ def _component_line(report: CheckReport, name: str) -> tuple[str, str, str]:
 def render_table(report: CheckReport) -> str:
     """The human-readable report: components, GPUs, findings, verdict."""
     lines = ["Environment:"]
-    rows = [_component_line(report, name) for name in COMPONENTS if name in report.environment.components]
+    rows = [
+        _component_line(report, name)
+        for name in COMPONENTS
+        if name in report.environment.components
+    ]
     width = max(len(row[0]) for row in rows) if rows else 10
     version_width = max(len(row[1]) for row in rows) if rows else 10
     for name, version, extra in rows:
@@ -49,7 +55,9 @@ def render_table(report: CheckReport) -> str:
         lines.append("GPUs:")
         for gpu in report.environment.gpus:
             memory = f", {gpu.memory_total_mib} MiB" if gpu.memory_total_mib else ""
-            lines.append(f"  [{gpu.index}] {gpu.name} (compute capability {gpu.compute_capability}{memory})")
+            lines.append(
+                f"  [{gpu.index}] {gpu.name} (compute capability {gpu.compute_capability}{memory})"
+            )
     request = report.request
     if request["for_build"]:
         lines.append(
@@ -64,23 +72,49 @@ def render_table(report: CheckReport) -> str:
     if report.ok:
         lines.append("Result: nothing blocks what was asked.")
     else:
-        lines.append(f"Result: blocked by {len(report.blocking)} error(s): {', '.join(f.id for f in report.blocking)}.")
+        lines.append(
+            f"Result: blocked by {len(report.blocking)} error(s): {', '.join(f.id for f in report.blocking)}."
+        )
     return "\n".join(lines)
 
 
 @click.command(name="check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as stable JSON.")
-@click.option("--for-build", is_flag=True, help="Check that an engine can be built (implied by --backend/--precision).")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Backend the build will use [default: auto].")
-@click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="Precision the build will use [default: fp16].")
+@click.option(
+    "--for-build",
+    is_flag=True,
+    help="Check that an engine can be built (implied by --backend/--precision).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="Backend the build will use [default: auto].",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=None,
+    help="Precision the build will use [default: fp16].",
+)
 @click.option(
     "--engine",
     type=click.Path(path_type=Path, dir_okay=True),
     default=None,
     help="Also check that this engine (with manifest.json next to it) can be loaded here.",
 )
-@click.option("--device", type=click.IntRange(min=0), default=None, help="GPU index to check against [default: 0].")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=None, help="Seconds allowed for all probes [default: 4].")
+@click.option(
+    "--device",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GPU index to check against [default: 0].",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="Seconds allowed for all probes [default: 4].",
+)
 @click.option(
     "--snapshot",
     type=click.Path(path_type=Path, dir_okay=False),

@@ -6,7 +6,13 @@ not touch CUDA; probing happens only when called.
 """
 
 from dsa_export.compat.engine_gate import EngineRequirements, check_engine, gate_engine
-from dsa_export.compat.probe import ComponentRecord, EnvironmentProbe, GpuRecord, ProbeSettings, probe_environment
+from dsa_export.compat.probe import (
+    ComponentRecord,
+    EnvironmentProbe,
+    GpuRecord,
+    ProbeSettings,
+    probe_environment,
+)
 from dsa_export.compat.rules import (
     BACKENDS,
     PRECISIONS,

@@ -1,16 +1,13 @@
 """Read what a shared library was built against without loading it.
 
 Loading a plugin library to ask it questions can itself fail with the very "undefined symbol" error we
-want to explain, so we read the ELF dynamic section (DT_NEEDED) directly and ask ``cuobjdump`` which
-GPU architectures its device code covers.
+want to explain, so we read the ELF dynamic section (DT_NEEDED) and the CUDA fat binary headers
+directly.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 _ELF_MAGIC = b"\x7fELF"
@@ -31,11 +28,11 @@ def elf_needed_libraries(path: str | Path) -> list[str]:
     if data[5] != 1:
         raise ValueError(f"{path} is not little-endian")
     if is_64:
-        shoff, = struct.unpack_from("<Q", data, 0x28)
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
         section_fmt, dyn_fmt = "<IIQQQQIIQQ", "<qQ"
     else:
-        shoff, = struct.unpack_from("<I", data, 0x20)
+        (shoff,) = struct.unpack_from("<I", data, 0x20)
         shentsize, shnum = struct.unpack_from("<HH", data, 0x2E)
         section_fmt, dyn_fmt = "<IIIIIIIIII", "<iI"
     sections = [struct.unpack_from(section_fmt, data, shoff + i * shentsize) for i in range(shnum)]
@@ -56,40 +53,46 @@ def elf_needed_libraries(path: str | Path) -> list[str]:
     return needed
 
 
-_SM_PATTERN = re.compile(r"\bsm_(\d+)([a-z]?)\b")
-_PTX_PATTERN = re.compile(r"\bcompute_(\d+)([a-z]?)\b")
+_FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
+_FATBIN_KIND_PTX = 1
+_FATBIN_KIND_SASS = 2
 
 
-def cuda_architectures(path: str | Path, timeout_s: float = 5.0) -> dict[str, list[str]] | None:
-    """SASS and PTX architectures embedded in ``path`` according to ``cuobjdump``; None without cuobjdump."""
-    tool = shutil.which("cuobjdump") or _cuda_home_tool("cuobjdump")
-    if tool is None:
-        return None
-    sass: set[str] = set()
-    ptx: set[str] = set()
-    for flag, pattern, into in (("--list-elf", _SM_PATTERN, sass), ("--list-ptx", _PTX_PATTERN, ptx)):
-        result = subprocess.run(
-            [tool, flag, str(path)], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-        for major_minor, suffix in pattern.findall(result.stdout):
-            into.add(_sm_to_cc(major_minor) + suffix)
-    return {"sass": sorted(sass, key=_cc_key), "ptx": sorted(ptx, key=_cc_key)}
+def cuda_architectures(path: str | Path) -> dict[str, list[str]]:
+    """Compute capabilities of the SASS and PTX embedded in ``path``'s CUDA fat binaries.
+
+    Reads the fatbin container headers directly (magic 0xBA55ED50; per entry: kind 1 = PTX, 2 = SASS
+    at offset 0, header size at 4, payload size at 8, SM number at 28), so no CUDA tool is needed.
+    Entry headers stay uncompressed even when the payload is compressed.
+    """
+    data = Path(path).read_bytes()
+    sass: set[int] = set()
+    ptx: set[int] = set()
+    start = data.find(_FATBIN_MAGIC)
+    while start != -1:
+        try:
+            header_size, fat_size = struct.unpack_from("<HQ", data, start + 6)
+            entry = start + header_size
+            end = min(entry + fat_size, len(data))
+            while entry + 32 <= end:
+                kind, entry_header_size, payload_size = struct.unpack_from("<HxxIQ", data, entry)
+                (arch,) = struct.unpack_from("<I", data, entry + 28)
+                if entry_header_size == 0:
+                    break
+                if kind == _FATBIN_KIND_SASS:
+                    sass.add(arch)
+                elif kind == _FATBIN_KIND_PTX:
+                    ptx.add(arch)
+                entry += entry_header_size + payload_size
+        except struct.error:  # a truncated container at the end of the file
+            pass
+        start = data.find(_FATBIN_MAGIC, start + 4)
+    return {
+        "sass": [_sm_to_cc(a) for a in sorted(sass)],
+        "ptx": [_sm_to_cc(a) for a in sorted(ptx)],
+    }
 
 
-def _sm_to_cc(digits: str) -> str:
-    """``"90"`` -> ``"9.0"``, ``"120"`` -> ``"12.0"``."""
-    return f"{digits[:-1]}.{digits[-1]}"
-
-
-def _cc_key(cc: str) -> tuple[int, int]:
-    major, minor = cc.rstrip("abcdefghijklmnopqrstuvwxyz").split(".")
-    return int(major), int(minor)
-
-
-def _cuda_home_tool(name: str) -> str | None:
-    import os
-
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / name).is_file():
-            return str(Path(home) / "bin" / name)
-    return None
+def _sm_to_cc(sm: int) -> str:
+    """``90`` -> ``"9.0"``, ``120`` -> ``"12.0"``."""
+    return f"{sm // 10}.{sm % 10}"

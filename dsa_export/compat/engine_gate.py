@@ -58,12 +58,18 @@ class EngineRequirements:
         section = data.get("engine") if isinstance(data.get("engine"), dict) else data
         trt_version = section.get("trt_version")
         if not isinstance(trt_version, str) or parse_version(trt_version) is None:
-            raise DSAUserError(f"{where} has no valid \"trt_version\", so the engine cannot be checked; rebuild it with `dsa-export build`.")
+            raise DSAUserError(
+                f'{where} has no valid "trt_version", so the engine cannot be checked; rebuild it with `dsa-export build`.'
+            )
         backend = section.get("backend", "tensorrt")
         if backend not in ENGINE_BACKENDS:
-            raise DSAUserError(f"{where} names backend {backend!r}, which is not one of {', '.join(ENGINE_BACKENDS)}.")
+            raise DSAUserError(
+                f"{where} names backend {backend!r}, which is not one of {', '.join(ENGINE_BACKENDS)}."
+            )
         capability = section.get("compute_capability", [])
-        capabilities = tuple([capability] if isinstance(capability, str) else [str(c) for c in capability])
+        capabilities = tuple(
+            [capability] if isinstance(capability, str) else [str(c) for c in capability]
+        )
         hardware = section.get("hardware_compatibility", "none")
         if hardware in (None, False):
             hardware = "none"
@@ -91,11 +97,15 @@ def sniff_engine(path: Path) -> str:
     with open(path, "rb") as handle:
         head = handle.read(4096)
     if not head:
-        raise DSAUserError(f"{path} is empty, so it is not a TensorRT engine; rebuild it with `dsa-export build`.")
+        raise DSAUserError(
+            f"{path} is empty, so it is not a TensorRT engine; rebuild it with `dsa-export build`."
+        )
     if head[:4] in PLAN_MAGICS:
         return PLAN_MAGICS[head[:4]]
     if path.suffix == ".onnx" or (head[:1] == b"\x08" and b"onnx" in head.lower()):
-        raise DSAUserError(f"{path} is an ONNX model, not a TensorRT engine; build an engine from it with `dsa-export build`.")
+        raise DSAUserError(
+            f"{path} is an ONNX model, not a TensorRT engine; build an engine from it with `dsa-export build`."
+        )
     if b"\x00" not in head:
         try:
             head.decode("utf-8")
@@ -104,7 +114,9 @@ def sniff_engine(path: Path) -> str:
         else:
             raise DSAUserError(f"{path} is a text file, not a TensorRT engine.")
     tags = "/".join(tag.decode() for tag in PLAN_MAGICS)
-    raise DSAUserError(f"{path} does not start with a TensorRT plan tag ({tags}), so it is not an engine this tool can check.")
+    raise DSAUserError(
+        f"{path} does not start with a TensorRT plan tag ({tags}), so it is not an engine this tool can check."
+    )
 
 
 def read_requirements(engine: Path) -> EngineRequirements:
@@ -119,13 +131,19 @@ def read_requirements(engine: Path) -> EngineRequirements:
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DSAUserError(f"{manifest} is not valid JSON ({exc}); rebuild the engine with `dsa-export build`.") from exc
+        raise DSAUserError(
+            f"{manifest} is not valid JSON ({exc}); rebuild the engine with `dsa-export build`."
+        ) from exc
     if not isinstance(data, dict):
-        raise DSAUserError(f"{manifest} is not a JSON object; rebuild the engine with `dsa-export build`.")
+        raise DSAUserError(
+            f"{manifest} is not a JSON object; rebuild the engine with `dsa-export build`."
+        )
     return EngineRequirements.from_manifest(data, str(manifest))
 
 
-def _runtime_accepts(engine: tuple[int, ...], runtime: tuple[int, ...], version_compatible: bool) -> bool:
+def _runtime_accepts(
+    engine: tuple[int, ...], runtime: tuple[int, ...], version_compatible: bool
+) -> bool:
     if not version_compatible:
         length = max(3, min(len(engine), len(runtime)))
         return engine[:length] == runtime[:length]
@@ -134,7 +152,9 @@ def _runtime_accepts(engine: tuple[int, ...], runtime: tuple[int, ...], version_
     return (engine[0], runtime[0]) in CROSS_MAJOR_VERSION_COMPATIBLE
 
 
-def compare_engine(requirements: EngineRequirements, probe: EnvironmentProbe, device: int = 0) -> list[Finding]:
+def compare_engine(
+    requirements: EngineRequirements, probe: EnvironmentProbe, device: int = 0
+) -> list[Finding]:
     """Findings (all errors) for everything that stops this environment from loading the engine."""
     findings: list[Finding] = []
     component = ENGINE_BACKENDS[requirements.backend]
@@ -162,7 +182,11 @@ def compare_engine(requirements: EngineRequirements, probe: EnvironmentProbe, de
                     "engine",
                     f"The {how}engine was built with {label} {requirements.trt_version} and cannot be loaded by the installed {label} {runtime.version}.",
                     f"Install {label} {requirements.trt_version} or rebuild the engine here with `dsa-export build`"
-                    + ("" if requirements.version_compatible else " (add --version-compatible to allow newer runtimes)")
+                    + (
+                        ""
+                        if requirements.version_compatible
+                        else " (add --version-compatible to allow newer runtimes)"
+                    )
                     + ".",
                 )
             )
@@ -221,13 +245,17 @@ def compare_engine(requirements: EngineRequirements, probe: EnvironmentProbe, de
     return findings
 
 
-def check_engine(engine: str | Path, probe: EnvironmentProbe, device: int = 0) -> tuple[EngineRequirements, list[Finding]]:
+def check_engine(
+    engine: str | Path, probe: EnvironmentProbe, device: int = 0
+) -> tuple[EngineRequirements, list[Finding]]:
     """Read ``engine``'s requirements and compare them with ``probe``; DSAUserError if it is not a checkable engine."""
     requirements = read_requirements(Path(engine))
     return requirements, compare_engine(requirements, probe, device)
 
 
-def gate_engine(engine: str | Path, probe: EnvironmentProbe | None = None, device: int = 0) -> EngineRequirements:
+def gate_engine(
+    engine: str | Path, probe: EnvironmentProbe | None = None, device: int = 0
+) -> EngineRequirements:
     """Call before deserializing ``engine``: returns its requirements or raises DSAUserError with the reason."""
     requirements = read_requirements(Path(engine))
     if probe is None:  # only what loading needs: no torch or onnxruntime import
@@ -235,15 +263,19 @@ def gate_engine(engine: str | Path, probe: EnvironmentProbe | None = None, devic
     findings = compare_engine(requirements, probe, device)
     if findings:
         first = findings[0]
-        more = f" ({len(findings) - 1} more problem(s): run `dsa-export check --engine {engine}`)" if len(findings) > 1 else ""
+        more = (
+            f" ({len(findings) - 1} more problem(s): run `dsa-export check --engine {engine}`)"
+            if len(findings) > 1
+            else ""
+        )
         raise DSAUserError(f"Refusing to load {engine}: {first.message} {first.fix}{more}")
     return requirements
 
 
 __all__ = [
-    "EngineRequirements",
     "MANIFEST_NAME",
     "PLAN_MAGICS",
+    "EngineRequirements",
     "check_engine",
     "compare_engine",
     "gate_engine",

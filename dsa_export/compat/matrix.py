@@ -62,7 +62,9 @@ def validate_matrix(data: dict[str, Any]) -> list[str]:
     """Problems with a matrix document; empty when it is well formed."""
     problems = []
     if data.get("schema_version") != MATRIX_SCHEMA_VERSION:
-        problems.append(f"schema_version is {data.get('schema_version')!r}, expected {MATRIX_SCHEMA_VERSION}")
+        problems.append(
+            f"schema_version is {data.get('schema_version')!r}, expected {MATRIX_SCHEMA_VERSION}"
+        )
     if not data.get("matrix_version"):
         problems.append("matrix_version is missing")
     for table, keys in _REQUIRED_KEYS.items():
@@ -79,7 +81,7 @@ def validate_matrix(data: dict[str, Any]) -> list[str]:
                 problems.append(f"{where} has an empty source")
             for key in ("cuda", "sm", "cudnn", "driver_min", "minor_compat_floor", "tensorrt"):
                 value = row.get(key)
-                if isinstance(value, str) or isinstance(value, list):
+                if isinstance(value, (str, list)):
                     try:
                         version_matches("1.0", value)
                     except ValueError as exc:

@@ -125,7 +125,9 @@ class EnvironmentProbe:
             "schema_version": PROBE_SCHEMA_VERSION,
             "host": dict(self.host),
             "gpus": [gpu.to_dict() for gpu in self.gpus],
-            "components": {name: self.components[name].to_dict() for name in _ordered(self.components)},
+            "components": {
+                name: self.components[name].to_dict() for name in _ordered(self.components)
+            },
             "elapsed_s": self.elapsed_s,
         }
 
@@ -169,7 +171,9 @@ def load_snapshot(path: str | os.PathLike[str]) -> EnvironmentProbe:
     try:
         return EnvironmentProbe.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DSAUserError(f"Snapshot {path} is not a dsa-export probe snapshot ({type(exc).__name__}: {exc}).") from exc
+        raise DSAUserError(
+            f"Snapshot {path} is not a dsa-export probe snapshot ({type(exc).__name__}: {exc})."
+        ) from exc
 
 
 def _ordered(components: dict[str, ComponentRecord]) -> list[str]:
@@ -182,7 +186,9 @@ class ProbeSettings:
     """How probing runs."""
 
     timeout_s: float | None = None  # per probe; None -> DEFAULT_PROBE_TIMEOUT_S
-    subprocess_timeout_s: float | None = None  # per external tool; None -> DEFAULT_SUBPROCESS_TIMEOUT_S
+    subprocess_timeout_s: float | None = (
+        None  # per external tool; None -> DEFAULT_SUBPROCESS_TIMEOUT_S
+    )
     components: tuple[str, ...] | None = None  # None -> all of COMPONENTS
 
 
@@ -220,7 +226,9 @@ def _cuda_home_dirs() -> list[Path]:
     dirs = []
     for home in homes:
         if home:
-            dirs.extend([Path(home) / "lib64", Path(home) / "lib", Path(home) / "targets/x86_64-linux/lib"])
+            dirs.extend(
+                [Path(home) / "lib64", Path(home) / "lib", Path(home) / "targets/x86_64-linux/lib"]
+            )
     return dirs
 
 
@@ -241,7 +249,9 @@ def _loaded_path(soname: str) -> str | None:
     return None
 
 
-def _load_library(names: list[str], extra_dirs: list[Path]) -> tuple[ctypes.CDLL | None, str | None, list[str]]:
+def _load_library(
+    names: list[str], extra_dirs: list[Path]
+) -> tuple[ctypes.CDLL | None, str | None, list[str]]:
     """Load the first of ``names`` the system loader finds, else the first file found in ``extra_dirs``.
 
     Returns (handle, path, errors); errors explain every attempt that failed.
@@ -264,6 +274,12 @@ def _load_library(names: list[str], extra_dirs: list[Path]) -> tuple[ctypes.CDLL
             except OSError as exc:
                 errors.append(f"{candidate}: {_first_line(exc)}")
     return None, None, errors
+
+
+def _load_failures(errors: list[str]) -> str:
+    """Loader errors other than "not found" (an undefined symbol, a wrong ELF class), joined."""
+    real = [error for error in errors if "cannot open shared object file" not in error]
+    return f" (found but failed to load: {'; '.join(real[:2])})" if real else ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -289,7 +305,9 @@ def _distribution_version(*names: str) -> dict[str, str]:
 # Driver and GPUs
 
 
-def parse_nvidia_smi_csv(text: str, with_compute_cap: bool = True) -> tuple[str | None, list[GpuRecord]]:
+def parse_nvidia_smi_csv(
+    text: str, with_compute_cap: bool = True
+) -> tuple[str | None, list[GpuRecord]]:
     """Parse ``nvidia-smi --query-gpu=index,name,[compute_cap,]memory.total,driver_version --format=csv,noheader,nounits``."""
     gpus: list[GpuRecord] = []
     driver: str | None = None
@@ -342,7 +360,12 @@ def _probe_nvml() -> tuple[ComponentRecord, list[GpuRecord]] | str:
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)
             gpus.append(
-                GpuRecord(index, name.decode() if isinstance(name, bytes) else str(name), f"{major}.{minor}", int(memory))
+                GpuRecord(
+                    index,
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    f"{major}.{minor}",
+                    int(memory),
+                )
             )
         details["gpu_count"] = len(gpus)
         return ComponentRecord("driver", True, driver, details=details), gpus
@@ -358,9 +381,15 @@ def _probe_nvidia_smi(timeout_s: float) -> tuple[ComponentRecord, list[GpuRecord
     if tool is None:
         return "nvidia-smi is not on PATH"
     for with_cap in (True, False):
-        fields = "index,name,compute_cap,memory.total,driver_version" if with_cap else "index,name,memory.total,driver_version"
+        fields = (
+            "index,name,compute_cap,memory.total,driver_version"
+            if with_cap
+            else "index,name,memory.total,driver_version"
+        )
         try:
-            result = _run([tool, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], timeout_s)
+            result = _run(
+                [tool, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], timeout_s
+            )
         except subprocess.TimeoutExpired:
             return f"nvidia-smi did not answer within {timeout_s:g} s"
         if result.returncode == 0:
@@ -379,10 +408,14 @@ def _probe_procfs() -> ComponentRecord | str:
     path = Path("/proc/driver/nvidia/version")
     if not path.is_file():
         return f"{path} does not exist (no NVIDIA kernel module loaded)"
-    match = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", path.read_text(errors="replace"))
+    match = re.search(
+        r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", path.read_text(errors="replace")
+    )
     if match is None:
         return f"{path} has no version line"
-    return ComponentRecord("driver", True, match.group(1), details={"source": "procfs", "gpu_count": None})
+    return ComponentRecord(
+        "driver", True, match.group(1), details={"source": "procfs", "gpu_count": None}
+    )
 
 
 def probe_driver_and_gpus(settings: ProbeSettings) -> tuple[ComponentRecord, list[GpuRecord]]:
@@ -405,7 +438,9 @@ def probe_driver_and_gpus(settings: ProbeSettings) -> tuple[ComponentRecord, lis
         procfs.details["fallback_reasons"] = reasons
         return procfs, []
     reasons.append(procfs)
-    return ComponentRecord("driver", False, reason="no NVIDIA driver found: " + "; ".join(reasons)), []
+    return ComponentRecord(
+        "driver", False, reason="no NVIDIA driver found: " + "; ".join(reasons)
+    ), []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,16 +452,30 @@ def probe_cuda_driver(settings: ProbeSettings) -> ComponentRecord:
     handle, path, errors = _load_library(["libcuda.so.1", "libcuda.so", "nvcuda.dll"], [])
     if handle is None:
         return ComponentRecord(
-            "cuda_driver", False, reason="libcuda.so.1 is not loadable, so no NVIDIA driver is installed (" + (errors[0] if errors else "not found") + ")"
+            "cuda_driver",
+            False,
+            reason="libcuda.so.1 is not loadable, so no NVIDIA driver is installed ("
+            + (errors[0] if errors else "not found")
+            + ")",
         )
     if path and "/stubs/" in path:
-        return ComponentRecord("cuda_driver", False, reason=f"only the CUDA stub library was found ({path})")
+        return ComponentRecord(
+            "cuda_driver", False, reason=f"only the CUDA stub library was found ({path})"
+        )
     value = ctypes.c_int(0)
     status = handle.cuDriverGetVersion(ctypes.byref(value))
     if status != 0 or value.value == 0:
-        return ComponentRecord("cuda_driver", False, reason=f"cuDriverGetVersion failed with CUresult {status}", details={"path": path})
+        return ComponentRecord(
+            "cuda_driver",
+            False,
+            reason=f"cuDriverGetVersion failed with CUresult {status}",
+            details={"path": path},
+        )
     return ComponentRecord(
-        "cuda_driver", True, format_version(decode_cuda_version(value.value)), details={"path": path, "raw": value.value}
+        "cuda_driver",
+        True,
+        format_version(decode_cuda_version(value.value)),
+        details={"path": path, "raw": value.value},
     )
 
 
@@ -437,17 +486,29 @@ def probe_cuda_runtime(settings: ProbeSettings) -> ComponentRecord:
     handle, path, errors = _load_library(names, dirs)
     if handle is None:
         return ComponentRecord(
-            "cuda_runtime", False, reason="libcudart was not found on the loader path, in CUDA_HOME or in nvidia-* wheels"
+            "cuda_runtime",
+            False,
+            reason="libcudart was not found on the loader path, in CUDA_HOME or in nvidia-* wheels"
+            + _load_failures(errors),
         )
     runtime = ctypes.c_int(0)
     status = handle.cudaRuntimeGetVersion(ctypes.byref(runtime))
     if status != 0:
-        return ComponentRecord("cuda_runtime", False, reason=f"cudaRuntimeGetVersion failed with error {status}", details={"path": path})
+        return ComponentRecord(
+            "cuda_runtime",
+            False,
+            reason=f"cudaRuntimeGetVersion failed with error {status}",
+            details={"path": path},
+        )
     details: dict[str, Any] = {"path": path, "raw": runtime.value}
     driver = ctypes.c_int(0)
     if handle.cudaDriverGetVersion(ctypes.byref(driver)) == 0:
-        details["driver_reports"] = format_version(decode_cuda_version(driver.value)) if driver.value else "no driver"
-    return ComponentRecord("cuda_runtime", True, format_version(decode_cuda_version(runtime.value)), details=details)
+        details["driver_reports"] = (
+            format_version(decode_cuda_version(driver.value)) if driver.value else "no driver"
+        )
+    return ComponentRecord(
+        "cuda_runtime", True, format_version(decode_cuda_version(runtime.value)), details=details
+    )
 
 
 def probe_cudnn(settings: ProbeSettings) -> ComponentRecord:
@@ -457,17 +518,24 @@ def probe_cudnn(settings: ProbeSettings) -> ComponentRecord:
     handle, path, errors = _load_library(names, dirs)
     if handle is None:
         return ComponentRecord(
-            "cudnn", False, reason="libcudnn was not found on the loader path, in CUDA_HOME or in nvidia-cudnn wheels"
+            "cudnn",
+            False,
+            reason="libcudnn was not found on the loader path, in CUDA_HOME or in nvidia-cudnn wheels"
+            + _load_failures(errors),
         )
     handle.cudnnGetVersion.restype = ctypes.c_size_t
     raw = int(handle.cudnnGetVersion())
     details: dict[str, Any] = {"path": path, "raw": raw}
     try:
         handle.cudnnGetCudartVersion.restype = ctypes.c_size_t
-        details["built_for_cuda"] = format_version(decode_cuda_version(int(handle.cudnnGetCudartVersion())))
+        details["built_for_cuda"] = format_version(
+            decode_cuda_version(int(handle.cudnnGetCudartVersion()))
+        )
     except AttributeError:
         pass
-    return ComponentRecord("cudnn", True, format_version(decode_cudnn_version(raw)), details=details)
+    return ComponentRecord(
+        "cudnn", True, format_version(decode_cudnn_version(raw)), details=details
+    )
 
 
 def parse_nvcc_version(text: str) -> str | None:
@@ -487,15 +555,24 @@ def probe_nvcc(settings: ProbeSettings) -> ComponentRecord:
                 tool = str(Path(home) / "bin" / "nvcc")
                 break
     if tool is None:
-        return ComponentRecord("nvcc", False, reason="nvcc is not on PATH, in CUDA_HOME/bin or in /usr/local/cuda/bin")
+        return ComponentRecord(
+            "nvcc", False, reason="nvcc is not on PATH, in CUDA_HOME/bin or in /usr/local/cuda/bin"
+        )
     timeout = settings.subprocess_timeout_s or DEFAULT_SUBPROCESS_TIMEOUT_S
     try:
         result = _run([tool, "--version"], timeout)
     except subprocess.TimeoutExpired:
-        return ComponentRecord("nvcc", False, reason=f"`{tool} --version` did not answer within {timeout:g} s")
+        return ComponentRecord(
+            "nvcc", False, reason=f"`{tool} --version` did not answer within {timeout:g} s"
+        )
     version = parse_nvcc_version(result.stdout)
     if version is None:
-        return ComponentRecord("nvcc", False, reason=f"`{tool} --version` printed no release number", details={"path": tool})
+        return ComponentRecord(
+            "nvcc",
+            False,
+            reason=f"`{tool} --version` printed no release number",
+            details={"path": tool},
+        )
     return ComponentRecord("nvcc", True, version, details={"path": tool})
 
 
@@ -557,7 +634,9 @@ def _probe_trt_like(
         except AttributeError:
             details["library_error"] = f"{path} has no getInferLibVersion"
     else:
-        details["library_error"] = f"none of {', '.join(libraries)} could be loaded"
+        details["library_error"] = (
+            f"none of {', '.join(libraries)} could be loaded" + _load_failures(errors)
+        )
     if module_name:
         details["module"] = module_name
         details["module_version"] = module_version
@@ -565,7 +644,10 @@ def _probe_trt_like(
         details["import_error"] = import_error
     version = module_version or library_version
     if version is None:
-        reason = import_error or f"{label} is not installed (no Python module {' or '.join(modules)}, no {libraries[-1]})"
+        reason = (
+            import_error
+            or f"{label} is not installed (no Python module {' or '.join(modules)}, no {libraries[-1]})"
+        )
         return ComponentRecord(name, False, reason=reason, details=details)
     return ComponentRecord(name, True, version, details=details)
 
@@ -604,7 +686,12 @@ def probe_torch(settings: ProbeSettings) -> ComponentRecord:
     except Exception as exc:
         return ComponentRecord("torch", False, reason=f"import torch failed: {_first_line(exc)}")
     cuda = torch.version.cuda
-    details: dict[str, Any] = {"cuda": cuda, "cudnn": None, "cuda_available": False, "arch_list": []}
+    details: dict[str, Any] = {
+        "cuda": cuda,
+        "cudnn": None,
+        "cuda_available": False,
+        "arch_list": [],
+    }
     if cuda:
         cudnn = torch.backends.cudnn.version()
         details["cudnn"] = format_version(decode_cudnn_version(int(cudnn))) if cudnn else None
@@ -616,15 +703,27 @@ def probe_torch(settings: ProbeSettings) -> ComponentRecord:
 
 def probe_onnxruntime(settings: ProbeSettings) -> ComponentRecord:
     distributions = _distribution_version(
-        "onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-training"
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "onnxruntime-directml",
+        "onnxruntime-openvino",
+        "onnxruntime-training",
     )
     if importlib.util.find_spec("onnxruntime") is None:
-        return ComponentRecord("onnxruntime", False, reason="onnxruntime is not installed", details={"distributions": distributions})
+        return ComponentRecord(
+            "onnxruntime",
+            False,
+            reason="onnxruntime is not installed",
+            details={"distributions": distributions},
+        )
     try:
         import onnxruntime
     except Exception as exc:
         return ComponentRecord(
-            "onnxruntime", False, reason=f"import onnxruntime failed: {_first_line(exc)}", details={"distributions": distributions}
+            "onnxruntime",
+            False,
+            reason=f"import onnxruntime failed: {_first_line(exc)}",
+            details={"distributions": distributions},
         )
     details: dict[str, Any] = {
         "providers": list(onnxruntime.get_available_providers()),
@@ -648,7 +747,9 @@ def probe_polygraphy(settings: ProbeSettings) -> ComponentRecord:
     try:
         import polygraphy
     except Exception as exc:
-        return ComponentRecord("polygraphy", False, reason=f"import polygraphy failed: {_first_line(exc)}")
+        return ComponentRecord(
+            "polygraphy", False, reason=f"import polygraphy failed: {_first_line(exc)}"
+        )
     return ComponentRecord("polygraphy", True, str(polygraphy.__version__))
 
 
@@ -681,7 +782,11 @@ def locate_plugin_library() -> tuple[Path | None, str, str | None]:
         return None, "dsa_export.plugins.find_library()", PLUGIN_NOT_BUILT
     path = Path(found)
     if not path.is_file():
-        return None, "dsa_export.plugins.find_library()", f"{path} does not exist; {PLUGIN_NOT_BUILT}"
+        return (
+            None,
+            "dsa_export.plugins.find_library()",
+            f"{path} does not exist; {PLUGIN_NOT_BUILT}",
+        )
     return path, "dsa_export.plugins.find_library()", None
 
 
@@ -692,20 +797,22 @@ def probe_plugin_library(settings: ProbeSettings) -> ComponentRecord:
 
     path, source, reason = locate_plugin_library()
     if path is None:
-        return ComponentRecord("plugin_library", False, reason=f"plugin library: {reason}", details={"source": source})
+        return ComponentRecord(
+            "plugin_library", False, reason=f"plugin library: {reason}", details={"source": source}
+        )
     details: dict[str, Any] = {"path": str(path), "source": source, "sha256": sha256_file(path)}
     try:
         needed = elf_needed_libraries(path)
         details["needed"] = needed
-        details["built_for_tensorrt_major"] = _soname_major(needed, ("libnvinfer.so.", "libtensorrt_rtx.so."))
+        details["built_for_tensorrt_major"] = _soname_major(
+            needed, ("libnvinfer.so.", "libtensorrt_rtx.so.")
+        )
         details["built_for_cuda_major"] = _soname_major(needed, ("libcudart.so.",))
     except (OSError, ValueError, IndexError) as exc:
         details["needed_error"] = _first_line(exc)
     try:
-        archs = cuda_architectures(path, settings.subprocess_timeout_s or DEFAULT_SUBPROCESS_TIMEOUT_S)
-        if archs is not None:
-            details["cuda_architectures"] = archs
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        details["cuda_architectures"] = cuda_architectures(path)
+    except (OSError, ValueError) as exc:
         details["cuda_architectures_error"] = _first_line(exc)
     return ComponentRecord("plugin_library", True, None, details=details)
 
@@ -738,14 +845,24 @@ PROBES: dict[str, ProbeFunction] = {
 
 
 # Probes that import Python packages; they run one after another.
-IMPORTING_PROBES: tuple[str, ...] = ("torch", "onnxruntime", "polygraphy", "tensorrt", "tensorrt_rtx", "plugin_library")
+# Cheap imports first and torch last, so a slow cold torch import can only time itself out.
+IMPORTING_PROBES: tuple[str, ...] = (
+    "polygraphy",
+    "onnxruntime",
+    "tensorrt_rtx",
+    "tensorrt",
+    "plugin_library",
+    "torch",
+)
 
 
 def _guarded(name: str, function: Callable[[], Any]) -> Any:
     try:
         return function()
     except Exception as exc:  # a probe must never take the check down
-        return ComponentRecord(name, False, reason=f"probe failed: {type(exc).__name__}: {_first_line(exc)}")
+        return ComponentRecord(
+            name, False, reason=f"probe failed: {type(exc).__name__}: {_first_line(exc)}"
+        )
 
 
 def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe:
@@ -776,7 +893,9 @@ def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe
         for name in names:
             run(name, jobs[name])
 
-    threads = [threading.Thread(target=run_group, args=(group,), daemon=True) for group in groups if group]
+    threads = [
+        threading.Thread(target=run_group, args=(group,), daemon=True) for group in groups if group
+    ]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout
@@ -788,10 +907,16 @@ def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe
     for name in jobs:
         outcome = results.get(name)
         if outcome is None:
-            components[name] = ComponentRecord(name, False, reason=f"probe did not finish within {timeout:g} s")
+            components[name] = ComponentRecord(
+                name, False, reason=f"probe did not finish within {timeout:g} s (raise --timeout)"
+            )
         elif isinstance(outcome, tuple):  # driver probe
             components[name], gpus = outcome
         else:
             components[name] = outcome
-    host = {"system": platform.system(), "machine": platform.machine(), "python": platform.python_version()}
+    host = {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
     return EnvironmentProbe(components, gpus, host, round(time.perf_counter() - started, 3))

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dsa_export.compat.matrix import CompatibilityMatrix, load_matrix
-from dsa_export.compat.probe import COMPONENTS, EnvironmentProbe, GpuRecord, ProbeSettings, probe_environment
+from dsa_export.compat.probe import (
+    COMPONENTS,
+    EnvironmentProbe,
+    GpuRecord,
+    ProbeSettings,
+    probe_environment,
+)
 from dsa_export.compat.versions import Version, format_version, parse_version, version_matches
 from dsa_export.errors import DSAUsageError, DSAUserError
 
@@ -55,7 +61,9 @@ class CheckSettings:
         device = DEFAULT_DEVICE if self.device is None else self.device
         if device < 0:
             raise DSAUsageError(f"device index {device} is negative.")
-        return dataclasses.replace(self, for_build=for_build, backend=backend, precision=precision, device=device)
+        return dataclasses.replace(
+            self, for_build=for_build, backend=backend, precision=precision, device=device
+        )
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,11 @@ def require_no_blocking(report: CheckReport) -> None:
     blocking = report.blocking
     if blocking:
         first = blocking[0]
-        more = f" ({len(blocking) - 1} more: run `dsa-export check --for-build` to see them)" if len(blocking) > 1 else ""
+        more = (
+            f" ({len(blocking) - 1} more: run `dsa-export check --for-build` to see them)"
+            if len(blocking) > 1
+            else ""
+        )
         raise DSAUserError(f"{first.message} {first.fix}{more} Pass --skip-checks to build anyway.")
 
 
@@ -157,7 +169,11 @@ class RuleContext:
 
     @property
     def sm(self) -> Version | None:
-        return parse_version(self.gpu.compute_capability) if self.gpu and self.gpu.compute_capability else None
+        return (
+            parse_version(self.gpu.compute_capability)
+            if self.gpu and self.gpu.compute_capability
+            else None
+        )
 
     def asked(self, backend: str) -> bool:
         return self.for_build and self.backend == backend
@@ -178,7 +194,11 @@ Rule = Callable[[RuleContext], Iterable[Finding]]
 
 def _gpu_label(ctx: RuleContext) -> str:
     gpu = ctx.gpu
-    return f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability})" if gpu else "no GPU"
+    return (
+        f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability})"
+        if gpu
+        else "no GPU"
+    )
 
 
 def rule_driver(ctx: RuleContext) -> Iterator[Finding]:
@@ -227,7 +247,9 @@ def rule_cuda(ctx: RuleContext) -> Iterator[Finding]:
     runtime_version = ctx.version("cuda_runtime")
     row = ctx.matrix.release_row("cuda", runtime_version)
     driver_version = ctx.version("driver")
-    driver_cuda = ctx.version("cuda_driver") or parse_version(ctx.probe.component("driver").details.get("cuda_driver_version"))
+    driver_cuda = ctx.version("cuda_driver") or parse_version(
+        ctx.probe.component("driver").details.get("cuda_driver_version")
+    )
     if row is not None and driver_version is not None:
         if not version_matches(driver_version, f">={row['minor_compat_floor']}"):
             yield Finding(
@@ -247,7 +269,11 @@ def rule_cuda(ctx: RuleContext) -> Iterator[Finding]:
                 f"Install NVIDIA driver {row['driver_min']} or newer so that plugin PTX can be JIT-compiled for this GPU.",
                 row["source"],
             )
-    elif driver_cuda is not None and runtime_version is not None and driver_cuda[:1] < runtime_version[:1]:
+    elif (
+        driver_cuda is not None
+        and runtime_version is not None
+        and driver_cuda[:1] < runtime_version[:1]
+    ):
         yield Finding(
             "driver_too_old_for_cuda",
             "error",
@@ -283,7 +309,11 @@ def rule_cudnn(ctx: RuleContext) -> Iterator[Finding]:
         )
     row = ctx.matrix.release_row("cudnn", ctx.version("cudnn"))
     if row is not None and ctx.sm is not None:
-        sm_spec = row.get("sm_with_cuda13") if runtime and runtime[0] >= 13 and row.get("sm_with_cuda13") else row["sm"]
+        sm_spec = (
+            row.get("sm_with_cuda13")
+            if runtime and runtime[0] >= 13 and row.get("sm_with_cuda13")
+            else row["sm"]
+        )
         if not version_matches(ctx.sm, sm_spec):
             yield Finding(
                 "cudnn_gpu_unsupported",
@@ -295,7 +325,9 @@ def rule_cudnn(ctx: RuleContext) -> Iterator[Finding]:
             )
 
 
-def _rule_trt_family(ctx: RuleContext, component: str, backend: str, label: str) -> Iterator[Finding]:
+def _rule_trt_family(
+    ctx: RuleContext, component: str, backend: str, label: str
+) -> Iterator[Finding]:
     record = ctx.probe.component(component)
     asked = ctx.asked(backend)
     if not record.found:
@@ -308,7 +340,9 @@ def _rule_trt_family(ctx: RuleContext, component: str, backend: str, label: str)
                 f"Reinstall {label} for your CUDA major version and check LD_LIBRARY_PATH for a second, older copy.",
             )
         else:
-            install = "pip install tensorrt" if backend == "tensorrt" else "pip install dsa-export[rtx]"
+            install = (
+                "pip install tensorrt" if backend == "tensorrt" else "pip install dsa-export[rtx]"
+            )
             yield Finding(
                 f"{component}_missing",
                 ctx.severity(asked, "info"),
@@ -356,7 +390,11 @@ def _rule_trt_family(ctx: RuleContext, component: str, backend: str, label: str)
             _unsupported_gpu_fix(ctx, component, backend),
             row["source"],
         )
-    if backend == "tensorrt" and row.get("cudnn_required") and not ctx.probe.component("cudnn").found:
+    if (
+        backend == "tensorrt"
+        and row.get("cudnn_required")
+        and not ctx.probe.component("cudnn").found
+    ):
         yield Finding(
             "tensorrt_cudnn_missing",
             ctx.severity(asked),
@@ -385,7 +423,9 @@ def _unsupported_gpu_fix(ctx: RuleContext, table: str, backend: str) -> str:
     return f"Install TensorRT {newest}, the newest release in the matrix that supports compute capability {format_version(ctx.sm)}, or build on a newer GPU."
 
 
-def newest_release_supporting(matrix: CompatibilityMatrix, table: str, sm: Version | None) -> str | None:
+def newest_release_supporting(
+    matrix: CompatibilityMatrix, table: str, sm: Version | None
+) -> str | None:
     """Newest specific (major.minor) release of ``table`` whose SM range includes ``sm``."""
     if sm is None:
         return None
@@ -502,7 +542,9 @@ def rule_torch(ctx: RuleContext) -> Iterator[Finding]:
             f"PyTorch {record.version} is a CPU build, so reference outputs are computed on the CPU.",
             "Install a CUDA build of torch to compute references on the GPU (optional).",
         )
-    driver_cuda = ctx.version("cuda_driver") or parse_version(ctx.probe.component("driver").details.get("cuda_driver_version"))
+    driver_cuda = ctx.version("cuda_driver") or parse_version(
+        ctx.probe.component("driver").details.get("cuda_driver_version")
+    )
     if torch_cuda and driver_cuda and torch_cuda[0] > driver_cuda[0]:
         yield Finding(
             "torch_cuda_newer_than_driver",
@@ -516,7 +558,12 @@ def rule_torch(ctx: RuleContext) -> Iterator[Finding]:
 def rule_nvcc(ctx: RuleContext) -> Iterator[Finding]:
     nvcc = ctx.probe.component("nvcc")
     driver_cuda = ctx.version("cuda_driver")
-    if nvcc.found and driver_cuda and ctx.version("nvcc") and ctx.version("nvcc")[:2] > driver_cuda[:2]:
+    if (
+        nvcc.found
+        and driver_cuda
+        and ctx.version("nvcc")
+        and ctx.version("nvcc")[:2] > driver_cuda[:2]
+    ):
         yield Finding(
             "nvcc_newer_than_driver",
             "warning",
@@ -572,7 +619,9 @@ def rule_plugin_library(ctx: RuleContext) -> Iterator[Finding]:
     if archs and ctx.sm is not None:
         sass = {parse_version(a) for a in archs.get("sass", [])}
         ptx = [parse_version(a) for a in archs.get("ptx", [])]
-        if ctx.sm[:2] not in {v[:2] for v in sass if v} and not any(v and v[:2] <= ctx.sm[:2] for v in ptx):
+        if ctx.sm[:2] not in {v[:2] for v in sass if v} and not any(
+            v and v[:2] <= ctx.sm[:2] for v in ptx
+        ):
             yield Finding(
                 "plugin_library_gpu_unsupported",
                 ctx.severity(asked),
@@ -589,7 +638,12 @@ def rule_known_bad(ctx: RuleContext) -> Iterator[Finding]:
         values = {name: ctx.text(name) for name in COMPONENTS}
         component = next((key for key in row["when"] if key in COMPONENTS), "environment")
         yield Finding(
-            row["id"], row["severity"], component, row["message"].format(**values), row["fix"].format(**values), row["source"]
+            row["id"],
+            row["severity"],
+            component,
+            row["message"].format(**values),
+            row["fix"].format(**values),
+            row["source"],
         )
 
 
@@ -629,7 +683,13 @@ RULES: tuple[Rule, ...] = (
 # Running the checks
 
 
-def resolve_backend(requested: str, for_build: bool, probe: EnvironmentProbe, gpu: GpuRecord | None, matrix: CompatibilityMatrix) -> str:
+def resolve_backend(
+    requested: str,
+    for_build: bool,
+    probe: EnvironmentProbe,
+    gpu: GpuRecord | None,
+    matrix: CompatibilityMatrix,
+) -> str:
     """``auto`` becomes the best backend the environment can build with; other values stay."""
     if requested != "auto" or not for_build:
         return requested
@@ -637,28 +697,56 @@ def resolve_backend(requested: str, for_build: bool, probe: EnvironmentProbe, gp
         return "tensorrt"
     rtx = matrix.release_row("tensorrt_rtx", probe.version("tensorrt_rtx"))
     sm = parse_version(gpu.compute_capability) if gpu and gpu.compute_capability else None
-    if probe.component("tensorrt_rtx").found and rtx is not None and sm is not None and version_matches(sm, rtx["sm"]):
+    if (
+        probe.component("tensorrt_rtx").found
+        and rtx is not None
+        and sm is not None
+        and version_matches(sm, rtx["sm"])
+    ):
         return "tensorrt-rtx"
     return "onnxruntime"
 
 
 _SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITIES)}
-_COMPONENT_RANK = {name: rank for rank, name in enumerate(("driver", "gpu", *COMPONENTS, "engine", "environment"))}
+_COMPONENT_RANK = {
+    name: rank for rank, name in enumerate(("driver", "gpu", *COMPONENTS, "engine", "environment"))
+}
 
 
-def evaluate(settings: CheckSettings, probe: EnvironmentProbe, matrix: CompatibilityMatrix) -> list[Finding]:
+def evaluate(
+    settings: CheckSettings, probe: EnvironmentProbe, matrix: CompatibilityMatrix
+) -> list[Finding]:
     """Apply RULES to a snapshot; findings sorted by severity, then component, then id."""
-    gpu = probe.gpus[settings.device] if settings.device is not None and settings.device < len(probe.gpus) else None
+    gpu = (
+        probe.gpus[settings.device]
+        if settings.device is not None and settings.device < len(probe.gpus)
+        else None
+    )
     extra: dict[str, Any] = {}
     if probe.gpus and gpu is None:
         extra["device_missing"] = settings.device
-    backend = resolve_backend(settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix)
-    ctx = RuleContext(probe, matrix, settings.for_build, backend, settings.precision or DEFAULT_PRECISION, gpu, extra)
+    backend = resolve_backend(
+        settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix
+    )
+    ctx = RuleContext(
+        probe,
+        matrix,
+        settings.for_build,
+        backend,
+        settings.precision or DEFAULT_PRECISION,
+        gpu,
+        extra,
+    )
     findings = [finding for rule in RULES for finding in rule(ctx)]
-    return sorted(findings, key=lambda f: (_SEVERITY_RANK[f.severity], _COMPONENT_RANK.get(f.component, 99), f.id))
+    return sorted(
+        findings,
+        key=lambda f: (_SEVERITY_RANK[f.severity], _COMPONENT_RANK.get(f.component, 99), f.id),
+    )
 
 
-def run_checks(settings: CheckSettings | None = None, probe: EnvironmentProbe | None = None) -> CheckReport:
+def run_checks(
+    settings: CheckSettings | None = None, probe: EnvironmentProbe | None = None
+) -> CheckReport:
     """Probe the environment (unless a snapshot is given), apply the rules, and gate an engine if asked.
 
     Raises DSAUsageError for invalid settings and DSAUserError when ``settings.engine`` is not an
@@ -674,8 +762,14 @@ def run_checks(settings: CheckSettings | None = None, probe: EnvironmentProbe | 
     if probe is None:
         probe = probe_environment(settings.probe)
     findings = evaluate(settings, probe, matrix)
-    gpu = probe.gpus[settings.device] if settings.device is not None and settings.device < len(probe.gpus) else None
-    resolved = resolve_backend(settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix)
+    gpu = (
+        probe.gpus[settings.device]
+        if settings.device is not None and settings.device < len(probe.gpus)
+        else None
+    )
+    resolved = resolve_backend(
+        settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix
+    )
     engine_info = None
     if requirements is not None:
         from dsa_export.compat.engine_gate import compare_engine

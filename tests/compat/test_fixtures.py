@@ -30,7 +30,9 @@ def test_every_issue_scenario_has_a_fixture() -> None:
 
 
 @pytest.mark.parametrize(("name", "index", "expectation"), CASES)
-def test_fixture_yields_expected_findings(name: str, index: int, expectation: dict[str, Any]) -> None:
+def test_fixture_yields_expected_findings(
+    name: str, index: int, expectation: dict[str, Any]
+) -> None:
     report = run_checks(CheckSettings(**expectation["settings"]), fixture_probe(name))
     ids = [finding.id for finding in report.findings]
     assert sorted(f.id for f in report.blocking) == expectation["blocking"], report.to_json()
@@ -45,7 +47,10 @@ def test_fixture_yields_expected_findings(name: str, index: int, expectation: di
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_every_finding_is_one_sentence_with_a_fix(name: str) -> None:
-    for settings in (CheckSettings(), CheckSettings(for_build=True, backend="tensorrt", precision="fp8")):
+    for settings in (
+        CheckSettings(),
+        CheckSettings(for_build=True, backend="tensorrt", precision="fp8"),
+    ):
         for finding in run_checks(settings, fixture_probe(name)).findings:
             assert finding.severity in ("error", "warning", "info")
             assert finding.message.endswith(".") and finding.fix.endswith("."), finding
