@@ -55,7 +55,8 @@ class EngineRequirements:
     @classmethod
     def from_manifest(cls, data: dict[str, Any], where: str) -> EngineRequirements:
         """Read the keys from a manifest (top level, or under an "engine" object). DSAUserError if malformed."""
-        section = data.get("engine") if isinstance(data.get("engine"), dict) else data
+        nested = data.get("engine")
+        section: dict[str, Any] = nested if isinstance(nested, dict) else data
         trt_version = section.get("trt_version")
         if not isinstance(trt_version, str) or parse_version(trt_version) is None:
             raise DSAUserError(

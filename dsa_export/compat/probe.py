@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -881,7 +882,7 @@ def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe
         jobs["driver"] = lambda: probe_driver_and_gpus(settings)
     for name, probe in PROBES.items():
         if name in wanted:
-            jobs[name] = lambda probe=probe: probe(settings)
+            jobs[name] = functools.partial(probe, settings)
     # Probes that import Python packages share one thread: concurrent imports of packages that
     # import each other can trip the import system's deadlock detection. Library and tool probes
     # each get their own thread. Daemon threads: a probe stuck in a driver call must not keep the

@@ -309,8 +309,8 @@ def rule_cudnn(ctx: RuleContext) -> Iterator[Finding]:
         )
     row = ctx.matrix.release_row("cudnn", ctx.version("cudnn"))
     if row is not None and ctx.sm is not None:
-        sm_spec = (
-            row.get("sm_with_cuda13")
+        sm_spec: str = (
+            row["sm_with_cuda13"]
             if runtime and runtime[0] >= 13 and row.get("sm_with_cuda13")
             else row["sm"]
         )
@@ -430,9 +430,11 @@ def newest_release_supporting(
     if sm is None:
         return None
     candidates = [
-        parse_version(row["release"])
+        release
         for row in matrix.table(table)
-        if len(parse_version(row["release"]) or ()) >= 2 and version_matches(sm, row["sm"])
+        if (release := parse_version(row["release"])) is not None
+        and len(release) >= 2
+        and version_matches(sm, row["sm"])
     ]
     return format_version(max(candidates)) if candidates else None
 
@@ -558,12 +560,8 @@ def rule_torch(ctx: RuleContext) -> Iterator[Finding]:
 def rule_nvcc(ctx: RuleContext) -> Iterator[Finding]:
     nvcc = ctx.probe.component("nvcc")
     driver_cuda = ctx.version("cuda_driver")
-    if (
-        nvcc.found
-        and driver_cuda
-        and ctx.version("nvcc")
-        and ctx.version("nvcc")[:2] > driver_cuda[:2]
-    ):
+    nvcc_version = ctx.version("nvcc")
+    if nvcc_version and driver_cuda and nvcc_version[:2] > driver_cuda[:2]:
         yield Finding(
             "nvcc_newer_than_driver",
             "warning",

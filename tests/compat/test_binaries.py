@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import _ctypes
 import shutil
 import subprocess
 from pathlib import Path
 
-import _ctypes
 import pytest
 
 from dsa_export.compat.binaries import cuda_architectures, elf_needed_libraries

@@ -27,6 +27,7 @@ def _check(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
         text=True,
         timeout=60,
         env=environment,
+        check=False,
     )
 
 

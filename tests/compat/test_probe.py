@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _ctypes
 import json
 import os
 import shutil
@@ -12,7 +13,6 @@ import time
 import types
 from pathlib import Path
 
-import _ctypes
 import pytest
 
 from dsa_export.compat import probe as probe_module
