@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsa_export.compat.probe import EnvironmentProbe, ProbeSettings, probe_environment
+from dsa_export.compat.probe import (
+    EnvironmentProbe,
+    ProbeSettings,
+    plugin_library_state,
+    probe_environment,
+)
 from dsa_export.compat.rules import Finding
 from dsa_export.compat.versions import parse_version
 from dsa_export.errors import DSAUserError
@@ -229,7 +234,7 @@ def compare_engine(
                     "engine_plugin_library_missing",
                     "error",
                     "engine",
-                    f"The engine contains DSA plugin layers but the plugin library is {plugin.reason.removeprefix('plugin library: ') if plugin.reason else 'missing'}.",
+                    f"The engine contains DSA plugin layers but the plugin library is {plugin_library_state(plugin)}.",
                     "Build the same plugin library with `dsa-export plugins build` or set DSA_EXPORT_PLUGIN_LIB to it.",
                 )
             )

@@ -760,6 +760,15 @@ def probe_polygraphy(settings: ProbeSettings) -> ComponentRecord:
 PLUGIN_NOT_BUILT = "not built (run `dsa-export plugins build`)"
 
 
+def plugin_library_state(record: ComponentRecord) -> str:
+    """Short phrase for why the plugin library is absent: "not built", "missing ($DSA_EXPORT_PLUGIN_LIB ...)"."""
+    reason = (record.reason or "").removeprefix("plugin library: ")
+    if reason.startswith(PLUGIN_NOT_BUILT):
+        detail = reason[len(PLUGIN_NOT_BUILT) :].removeprefix(": ")
+        return f"not built ({detail})" if detail else "not built"
+    return f"missing ({reason})" if reason else "missing"
+
+
 def locate_plugin_library() -> tuple[Path | None, str, str | None]:
     """(path, how it was found, reason when not found): DSA_EXPORT_PLUGIN_LIB first, then the plugins package."""
     env = os.environ.get(PLUGIN_LIB_ENV)
@@ -786,7 +795,7 @@ def locate_plugin_library() -> tuple[Path | None, str, str | None]:
         return (
             None,
             "dsa_export.plugins.find_library()",
-            f"{path} does not exist; {PLUGIN_NOT_BUILT}",
+            f"{PLUGIN_NOT_BUILT}: find_library() returned {path}, which does not exist",
         )
     return path, "dsa_export.plugins.find_library()", None
 

@@ -22,6 +22,7 @@ from dsa_export.compat.probe import (
     EnvironmentProbe,
     GpuRecord,
     ProbeSettings,
+    plugin_library_state,
     probe_environment,
 )
 from dsa_export.compat.versions import Version, format_version, parse_version, version_matches
@@ -599,7 +600,7 @@ def rule_plugin_library(ctx: RuleContext) -> Iterator[Finding]:
             "plugin_library_missing",
             "warning" if asked else "info",
             "plugin_library",
-            f"The DSA plugin library is {record.reason.removeprefix('plugin library: ') if record.reason else 'missing'}, so TensorRT builds DSA nodes from their dense ONNX function bodies.",
+            f"The DSA plugin library is {plugin_library_state(record)}, so TensorRT builds DSA nodes from their dense ONNX function bodies.",
             "Run `dsa-export plugins build` (or set DSA_EXPORT_PLUGIN_LIB to the built library).",
         )
         return

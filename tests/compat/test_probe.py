@@ -25,6 +25,7 @@ from dsa_export.compat.probe import (
     load_snapshot,
     parse_nvcc_version,
     parse_nvidia_smi_csv,
+    plugin_library_state,
     probe_driver_and_gpus,
     probe_environment,
     probe_plugin_library,
@@ -244,3 +245,18 @@ def test_importing_the_package_loads_no_gpu_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("reason", "state"),
+    [
+        (f"plugin library: {PLUGIN_NOT_BUILT}", "not built"),
+        (f"plugin library: {PLUGIN_NOT_BUILT}: no build folder", "not built (no build folder)"),
+        (
+            "plugin library: $DSA_EXPORT_PLUGIN_LIB points to /x.so, which is not a file",
+            "missing ($DSA_EXPORT_PLUGIN_LIB points to /x.so, which is not a file)",
+        ),
+    ],
+)
+def test_plugin_library_state_reads_well_inside_a_sentence(reason: str, state: str) -> None:
+    assert plugin_library_state(ComponentRecord("plugin_library", False, reason=reason)) == state
