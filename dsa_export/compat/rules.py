@@ -523,6 +523,21 @@ def rule_onnxruntime(ctx: RuleContext) -> Iterator[Finding]:
             "Install the cuDNN version its CUDA execution provider was built with (for example the matching nvidia-cudnn wheel).",
             row["source"],
         )
+    trt = ctx.probe.component("tensorrt")
+    if (
+        "TensorrtExecutionProvider" in providers
+        and trt.found
+        and row.get("tensorrt")
+        and not version_matches(ctx.version("tensorrt"), row["tensorrt"])
+    ):
+        yield Finding(
+            "onnxruntime_tensorrt_mismatch",
+            "warning",
+            "onnxruntime",
+            f"The TensorRT execution provider of onnxruntime-gpu {record.version} is built for TensorRT {row['tensorrt']} but TensorRT {trt.version} is installed.",
+            f"Use the CUDA execution provider, or install TensorRT {row['tensorrt']} for ONNX Runtime's TensorRT provider.",
+            row["source"],
+        )
 
 
 def rule_torch(ctx: RuleContext) -> Iterator[Finding]:

@@ -216,3 +216,17 @@ def test_a_component_missing_from_an_old_snapshot_is_not_probed(a100: Environmen
         "polygraphy", False, reason="not probed"
     )
     assert "polygraphy_missing" in _ids(run_checks(CheckSettings(), probe))
+
+
+def test_onnxruntime_tensorrt_provider_built_for_another_tensorrt(a100: EnvironmentProbe) -> None:
+    report = run_checks(
+        CheckSettings(), a100
+    )  # onnxruntime-gpu 1.18 is built for TensorRT 10.0, 10.3 installed
+    assert _severity(report, "onnxruntime_tensorrt_mismatch") == "warning"
+    matching = _with(
+        a100,
+        "tensorrt",
+        version="10.0.1.6",
+        details={"module_version": "10.0.1.6", "library_version": "10.0.1.6"},
+    )
+    assert "onnxruntime_tensorrt_mismatch" not in _ids(run_checks(CheckSettings(), matching))
