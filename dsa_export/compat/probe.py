@@ -419,6 +419,28 @@ def _probe_procfs() -> ComponentRecord | str:
     )
 
 
+def apply_visible_devices(gpus: list[GpuRecord], visible: str) -> list[GpuRecord]:
+    """The GPUs CUDA programs see under ``CUDA_VISIBLE_DEVICES``, renumbered from 0 as CUDA does.
+
+    NVML and nvidia-smi ignore the variable, but the build runs on CUDA's device 0. Integer lists
+    are applied (up to the first invalid entry, as CUDA does); UUID or MIG entries leave the list
+    unchanged because the probes do not record UUIDs.
+    """
+    entries = [entry.strip() for entry in visible.split(",")] if visible.strip() else []
+    by_index = {gpu.index: gpu for gpu in gpus}
+    chosen: list[GpuRecord] = []
+    for entry in entries:
+        if not entry.isdigit():
+            if not chosen and entry.upper().startswith(("GPU-", "MIG-")):
+                return gpus
+            break
+        gpu = by_index.get(int(entry))
+        if gpu is None or gpu in chosen:
+            break
+        chosen.append(gpu)
+    return [dataclasses.replace(gpu, index=logical) for logical, gpu in enumerate(chosen)]
+
+
 def probe_driver_and_gpus(settings: ProbeSettings) -> tuple[ComponentRecord, list[GpuRecord]]:
     """NVIDIA driver version and GPUs: NVML, else nvidia-smi, else /proc (driver only)."""
     reasons = []
@@ -433,6 +455,11 @@ def probe_driver_and_gpus(settings: ProbeSettings) -> tuple[ComponentRecord, lis
         record, gpus = outcome
         if reasons:
             record.details["fallback_reasons"] = reasons
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            record.details["cuda_visible_devices"] = visible
+            gpus = apply_visible_devices(gpus, visible)
+            record.details["gpu_count"] = len(gpus)
         return record, gpus
     procfs = _probe_procfs()
     if isinstance(procfs, ComponentRecord):

@@ -21,7 +21,9 @@ from dsa_export.compat.probe import (
     PLUGIN_NOT_BUILT,
     ComponentRecord,
     EnvironmentProbe,
+    GpuRecord,
     ProbeSettings,
+    apply_visible_devices,
     load_snapshot,
     parse_nvcc_version,
     parse_nvidia_smi_csv,
@@ -73,6 +75,7 @@ def _fake_tool(folder: Path, name: str, script: str) -> Path:
 
 def _without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe_module, "_probe_nvml", lambda: "nvidia-ml-py is not installed")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
 def test_driver_falls_back_to_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,3 +263,34 @@ def test_importing_the_package_loads_no_gpu_stack() -> None:
 )
 def test_plugin_library_state_reads_well_inside_a_sentence(reason: str, state: str) -> None:
     assert plugin_library_state(ComponentRecord("plugin_library", False, reason=reason)) == state
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [
+        ("2,0", ["c", "a"]),
+        ("1", ["b"]),
+        ("", []),
+        ("1,7,0", ["b"]),  # CUDA stops at the first invalid ordinal
+        ("GPU-8d4c2a1e-0000-0000-0000-000000000000", ["a", "b", "c"]),  # UUIDs are not recorded
+    ],
+)
+def test_cuda_visible_devices_renumbers_gpus(visible: str, names: list[str]) -> None:
+    gpus = [GpuRecord(i, name, "9.0") for i, name in enumerate("abc")]
+    chosen = apply_visible_devices(gpus, visible)
+    assert [g.name for g in chosen] == names
+    if names != ["a", "b", "c"]:
+        assert [g.index for g in chosen] == list(range(len(names)))
+
+
+def test_driver_probe_applies_cuda_visible_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_nvml(monkeypatch)
+    lines = "0, NVIDIA A100, 8.0, 81920, 550.54.15\n1, NVIDIA H100, 9.0, 81559, 550.54.15\n"
+    _fake_tool(tmp_path, "nvidia-smi", f'printf "{lines}"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    record, gpus = probe_driver_and_gpus(ProbeSettings())
+    assert [(g.index, g.name) for g in gpus] == [(0, "NVIDIA H100")]
+    assert record.details["cuda_visible_devices"] == "1" and record.details["gpu_count"] == 1
