@@ -727,35 +727,33 @@ _COMPONENT_RANK = {
 }
 
 
+def _selected_gpu(probe: EnvironmentProbe, device: int | None) -> GpuRecord | None:
+    index = DEFAULT_DEVICE if device is None else device
+    return probe.gpus[index] if index < len(probe.gpus) else None
+
+
+def _sorted(findings: list[Finding]) -> list[Finding]:
+    """Severity first, then component in report order, then id: the stable order of the report."""
+    return sorted(
+        findings,
+        key=lambda f: (_SEVERITY_RANK[f.severity], _COMPONENT_RANK.get(f.component, 99), f.id),
+    )
+
+
 def evaluate(
     settings: CheckSettings, probe: EnvironmentProbe, matrix: CompatibilityMatrix
-) -> list[Finding]:
-    """Apply RULES to a snapshot; findings sorted by severity, then component, then id."""
-    gpu = (
-        probe.gpus[settings.device]
-        if settings.device is not None and settings.device < len(probe.gpus)
-        else None
-    )
+) -> tuple[list[Finding], str]:
+    """Apply RULES to a snapshot: the sorted findings and the backend ``auto`` resolved to."""
+    gpu = _selected_gpu(probe, settings.device)
     extra: dict[str, Any] = {}
     if probe.gpus and gpu is None:
         extra["device_missing"] = settings.device
     backend = resolve_backend(
         settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix
     )
-    ctx = RuleContext(
-        probe,
-        matrix,
-        settings.for_build,
-        backend,
-        settings.precision or DEFAULT_PRECISION,
-        gpu,
-        extra,
-    )
-    findings = [finding for rule in RULES for finding in rule(ctx)]
-    return sorted(
-        findings,
-        key=lambda f: (_SEVERITY_RANK[f.severity], _COMPONENT_RANK.get(f.component, 99), f.id),
-    )
+    precision = settings.precision or DEFAULT_PRECISION
+    ctx = RuleContext(probe, matrix, settings.for_build, backend, precision, gpu, extra)
+    return _sorted([finding for rule in RULES for finding in rule(ctx)]), backend
 
 
 def run_checks(
@@ -775,25 +773,14 @@ def run_checks(
         requirements = read_requirements(Path(settings.engine))
     if probe is None:
         probe = probe_environment(settings.probe)
-    findings = evaluate(settings, probe, matrix)
-    gpu = (
-        probe.gpus[settings.device]
-        if settings.device is not None and settings.device < len(probe.gpus)
-        else None
-    )
-    resolved = resolve_backend(
-        settings.backend or DEFAULT_BACKEND, settings.for_build, probe, gpu, matrix
-    )
+    findings, resolved = evaluate(settings, probe, matrix)
     engine_info = None
     if requirements is not None:
         from dsa_export.compat.engine_gate import compare_engine
 
         engine_findings = compare_engine(requirements, probe, device=settings.device or 0)
         engine_info = {"path": str(settings.engine), "requirements": requirements.to_dict()}
-        findings = sorted(
-            findings + engine_findings,
-            key=lambda f: (_SEVERITY_RANK[f.severity], _COMPONENT_RANK.get(f.component, 99), f.id),
-        )
+        findings = _sorted(findings + engine_findings)
     request = {
         "for_build": settings.for_build,
         "backend": settings.backend,
