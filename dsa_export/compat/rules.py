@@ -35,7 +35,9 @@ SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 DEFAULT_BACKEND = "auto"
 DEFAULT_PRECISION = "fp16"
 DEFAULT_DEVICE = 0
-GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")
+# Backends whose builds need a GPU here. TensorRT-RTX builds ahead of time for a chosen compute
+# capability without one (measured on the CPU-only development machine), so it is not listed.
+GPU_BUILD_BACKENDS = ("tensorrt",)
 
 
 @dataclass
@@ -204,14 +206,14 @@ def _gpu_label(ctx: RuleContext) -> str:
 
 def rule_driver(ctx: RuleContext) -> Iterator[Finding]:
     driver = ctx.probe.component("driver")
-    gpu_needed = ctx.for_build and ctx.backend in GPU_BACKENDS
+    gpu_needed = ctx.for_build and ctx.backend in GPU_BUILD_BACKENDS
     if not driver.found:
         yield Finding(
             "no_nvidia_driver",
             ctx.severity(gpu_needed),
             "driver",
-            "No NVIDIA driver was found, so TensorRT engines cannot be built or run on this machine.",
-            "Run GPU builds on a machine with an NVIDIA GPU and driver; export, ONNX Runtime (CPU) validation and calibration work here.",
+            "No NVIDIA driver was found, so no engine can run here and only TensorRT-RTX can build one (ahead of time, for a chosen GPU).",
+            "Run TensorRT builds and engines on a machine with an NVIDIA GPU and driver; export, ONNX Runtime (CPU) validation and calibration work here.",
         )
         return
     if not ctx.probe.gpus and driver.details.get("gpu_count") == 0:
@@ -234,7 +236,7 @@ def rule_driver(ctx: RuleContext) -> Iterator[Finding]:
 
 def rule_cuda(ctx: RuleContext) -> Iterator[Finding]:
     runtime = ctx.probe.component("cuda_runtime")
-    gpu_needed = ctx.for_build and ctx.backend in GPU_BACKENDS
+    gpu_needed = ctx.for_build and ctx.backend in GPU_BUILD_BACKENDS
     if not runtime.found:
         if ctx.probe.component("driver").found or gpu_needed:
             yield Finding(
