@@ -370,6 +370,8 @@ def _probe_nvml() -> tuple[ComponentRecord, list[GpuRecord]] | str:
             )
         details["gpu_count"] = len(gpus)
         return ComponentRecord("driver", True, driver, details=details), gpus
+    except Exception as exc:  # e.g. NVMLError_GpuIsLost: let nvidia-smi have a go
+        return f"NVML query failed ({type(exc).__name__}: {_first_line(exc)})"
     finally:
         try:
             pynvml.nvmlShutdown()

@@ -294,3 +294,58 @@ def test_driver_probe_applies_cuda_visible_devices(
     record, gpus = probe_driver_and_gpus(ProbeSettings())
     assert [(g.index, g.name) for g in gpus] == [(0, "NVIDIA H100")]
     assert record.details["cuda_visible_devices"] == "1" and record.details["gpu_count"] == 1
+
+
+class _FakeMemory:
+    total = 143771 * (1 << 20)
+
+
+def _fake_pynvml(fail_on: str | None = None) -> types.SimpleNamespace:
+    """A stand-in for nvidia-ml-py with one H200; ``fail_on`` names a call that raises."""
+
+    def call(name, value):
+        def function(*args):
+            if name == fail_on:
+                raise RuntimeError(f"{name} failed")
+            return value
+
+        return function
+
+    return types.SimpleNamespace(
+        nvmlInit=call("nvmlInit", None),
+        nvmlShutdown=call("nvmlShutdown", None),
+        nvmlSystemGetDriverVersion=call("nvmlSystemGetDriverVersion", b"580.95.05"),
+        nvmlSystemGetCudaDriverVersion=call("nvmlSystemGetCudaDriverVersion", 13000),
+        nvmlDeviceGetCount=call("nvmlDeviceGetCount", 1),
+        nvmlDeviceGetHandleByIndex=call("nvmlDeviceGetHandleByIndex", object()),
+        nvmlDeviceGetName=call("nvmlDeviceGetName", "NVIDIA H200"),
+        nvmlDeviceGetCudaComputeCapability=call("nvmlDeviceGetCudaComputeCapability", (9, 0)),
+        nvmlDeviceGetMemoryInfo=call("nvmlDeviceGetMemoryInfo", _FakeMemory()),
+    )
+
+
+def test_driver_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    record, gpus = probe_driver_and_gpus(ProbeSettings())
+    assert record.version == "580.95.05" and record.details["source"] == "nvml"
+    assert record.details["cuda_driver_version"] == "13.0"
+    assert [(g.name, g.compute_capability, g.memory_total_mib) for g in gpus] == [
+        ("NVIDIA H200", "9.0", 143771)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "reason"),
+    [("nvmlInit", "NVML unavailable"), ("nvmlDeviceGetHandleByIndex", "NVML query failed")],
+)
+def test_nvml_failures_fall_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fail_on: str, reason: str
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_on))
+    _fake_tool(tmp_path, "nvidia-smi", 'echo "0, NVIDIA H200, 9.0, 143771, 580.95.05"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    record, gpus = probe_driver_and_gpus(ProbeSettings())
+    assert record.details["source"] == "nvidia-smi" and len(gpus) == 1
+    assert record.details["fallback_reasons"][0].startswith(reason)
