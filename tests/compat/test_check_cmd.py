@@ -1,0 +1,114 @@
+"""`dsa-export check` end to end: exit codes, valid JSON, one-sentence errors, and its speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import FIXTURES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **(env or {})}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), environment.get("PYTHONPATH")])
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "dsa_export", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        check=False,
+    )
+
+
+def test_check_json_on_this_machine_is_valid_complete_and_fast() -> None:
+    started = time.monotonic()
+    result = _check("--json")
+    elapsed = time.monotonic() - started
+    report = json.loads(result.stdout)
+    components = report["environment"]["components"]
+    for name in (
+        "driver",
+        "cuda_runtime",
+        "cudnn",
+        "tensorrt",
+        "tensorrt_rtx",
+        "onnxruntime",
+        "torch",
+        "nvcc",
+        "polygraphy",
+        "plugin_library",
+    ):
+        assert (
+            components[name]["version"] or components[name]["reason"] or name == "plugin_library"
+        ), name
+    assert (
+        "providers" in components["onnxruntime"]["details"]
+        or not components["onnxruntime"]["found"]
+    )
+    assert result.returncode == (1 if report["blocking"] else 0)
+    assert elapsed < 5.0, f"check --json took {elapsed:.1f} s"
+
+
+def test_plain_check_does_not_block_on_a_cpu_only_snapshot() -> None:
+    result = _check("--snapshot", str(FIXTURES / "cpu_only.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "[no_nvidia_driver]" in result.stdout
+        and "Result: nothing blocks what was asked." in result.stdout
+    )
+
+
+def test_tensorrt_build_is_blocked_on_a_cpu_only_snapshot() -> None:
+    result = _check(
+        "--snapshot",
+        str(FIXTURES / "cpu_only.json"),
+        "--for-build",
+        "--backend",
+        "tensorrt",
+        "--json",
+    )
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["blocking"] == ["no_nvidia_driver", "tensorrt_missing"]
+
+
+@pytest.mark.parametrize(
+    ("content", "words"), [(b"", "is empty"), (b"plain text\n", "is a text file")]
+)
+def test_engine_that_is_not_an_engine_fails_in_one_line(
+    tmp_path: Path, content: bytes, words: str
+) -> None:
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(content)
+    result = _check("--engine", str(engine))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("Error: ") and words in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_engine_mismatch_exits_1_with_the_reason(tmp_path: Path) -> None:
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"ftrt" + bytes(64))
+    manifest = {"trt_version": "10.3.0.26", "backend": "tensorrt", "compute_capability": "9.0"}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    result = _check(
+        "--snapshot", str(FIXTURES / "a100_cuda124_trt103.json"), "--engine", str(engine)
+    )
+    assert result.returncode == 1
+    assert "[engine_compute_capability_mismatch]" in result.stdout
+
+
+def test_bad_option_is_a_usage_error() -> None:
+    result = _check("--precision", "int4")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
