@@ -7,14 +7,24 @@ from pathlib import Path
 from dsa_export.errors import DSAUserError
 
 
-def session(path: str | Path, providers: tuple[str, ...] = ("CPUExecutionProvider",), threads: int | None = None):
-    """An ``onnxruntime.InferenceSession`` for ``path`` with a clear error if ORT rejects it."""
+def session(
+    path: str | Path,
+    providers: tuple[str, ...] = ("CPUExecutionProvider",),
+    threads: int | None = None,
+    memory_arena: bool = True,
+):
+    """An ``onnxruntime.InferenceSession`` for ``path`` with a clear error if ORT rejects it.
+
+    ``memory_arena=False`` makes every run allocate from and free to the system, so that the
+    memory a run needs can be measured from outside (the benchmark does this).
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
+    options.enable_cpu_mem_arena = memory_arena
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
     except Exception as exc:
