@@ -1,0 +1,107 @@
+"""Settings of the benchmark stage: the layer that is timed and how it is timed, defaults written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Backends ``dsa-export bench`` knows. ``cuda`` runs the plugin kernels through their C ABI and
+#: needs a CUDA GPU plus the built kernel library.
+BACKENDS = ("torch", "onnxruntime", "cuda")
+DEFAULT_BACKENDS = ("torch", "onnxruntime")
+DEFAULT_SEQ_LENS = (1024, 4096, 16384)
+#: The sizes that finish within about three minutes on two CPU cores (the documented quick set).
+QUICK_SEQ_LENS = (1024, 2048, 4096, 8192)
+#: ONNX Runtime runs the dsa nodes through mask-based function bodies that hold [B,S,T] masks and
+#: [B,H,S,T] scores, and the dense export holds [B,H,S,T] scores as well: 1 GiB per 16 heads at
+#: S = 4096, 4 GiB at 8192. Longer sequences are skipped (and said so) unless raised.
+DEFAULT_MAX_ONNXRUNTIME_SEQ = 4096
+VARIANTS = ("dsa", "dense")
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Shapes of the attention layer that is timed (one layer, batch 1 unless ``batch`` says so).
+
+    The DSA variant is: q/k/v projections (``heads`` query heads and ``kv_heads`` key/value heads of
+    ``head_dim``; the default single kv head is the MQA form in which DeepSeek serves MLA),
+    the lightning indexer (``index_heads`` x ``index_head_dim`` queries, one shared LayerNorm'd
+    key per token, per-head weights), top-``topk`` selection, sparse attention over the selected
+    keys, output projection. The dense variant shares every weight and replaces indexer + top-k +
+    sparse attention with causal softmax attention over all earlier keys. RoPE is left out: it is
+    O(L) and identical in both variants.
+
+    Attributes:
+        hidden: model width (input and output features of the layer).
+        heads: attention (query) heads.
+        kv_heads: key/value heads, a divisor of ``heads``; 1 is MQA (MLA's absorbed form).
+        head_dim: query/key and value size per head.
+        index_heads: lightning-indexer heads.
+        index_head_dim: lightning-indexer query/key size.
+        topk: keys each query attends to in the DSA variant.
+        batch: batch size of the timed inputs.
+        seed: seed of the weights and inputs.
+    """
+
+    hidden: int = 1024
+    heads: int = 16
+    kv_heads: int = 1
+    head_dim: int = 64
+    index_heads: int = 4
+    index_head_dim: int = 64
+    topk: int = 512
+    batch: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "heads", "kv_heads", "head_dim", "index_heads", "index_head_dim", "topk", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1.")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}).")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything that shapes one benchmark run.
+
+    Attributes:
+        seq_lens: sequence lengths L (prefill: L queries over L keys), run in increasing order.
+        backends: which of :data:`BACKENDS` to run, in this order.
+        block: the layer that is timed.
+        warmup: untimed calls before the timed ones at every (backend, variant, L) while calls
+            are short: once a call at a shorter L took more than ``warmup_below_s`` seconds, longer
+            L get none (first-call costs are milliseconds, invisible next to such calls).
+        warmup_below_s: see ``warmup``.
+        repeats: timed calls at most; the report keeps their median (and min/max).
+        case_budget_s: timed calls of one case stop once they have used this many seconds (at
+            least one runs), so that slow cases at long L do not run for minutes.
+        memory: measure the peak memory of one extra call per case.
+        threads: CPU threads for torch and ONNX Runtime; 0 keeps torch's current setting.
+        max_onnxruntime_seq: longest L run through ONNX Runtime; longer ones are skipped with a note.
+        time_budget_s: after a case takes longer than this in one call, longer L of the same
+            backend and variant are skipped with a note instead of running for minutes.
+    """
+
+    seq_lens: tuple[int, ...] = DEFAULT_SEQ_LENS
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    block: BlockConfig = BlockConfig()
+    warmup: int = 1
+    warmup_below_s: float = 1.0
+    repeats: int = 3
+    case_budget_s: float = 10.0
+    memory: bool = True
+    threads: int = 0
+    max_onnxruntime_seq: int = DEFAULT_MAX_ONNXRUNTIME_SEQ
+    time_budget_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.seq_lens or min(self.seq_lens) < 2:
+            raise ValueError("sequence lengths must be at least 2.")
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"unknown backend(s) {unknown}; choose from {', '.join(BACKENDS)}.")
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError("a backend is listed twice.")
+        if self.repeats < 1 or self.warmup < 0 or self.threads < 0 or self.case_budget_s <= 0:
+            raise ValueError("repeats must be at least 1, warmup and threads at least 0, the case budget positive.")
+        object.__setattr__(self, "seq_lens", tuple(sorted(set(self.seq_lens))))
