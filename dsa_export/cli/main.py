@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
     "inspect": ("dsa_export.cli.inspect_cmd", "Show the ops, custom nodes, I/O and metadata of an ONNX file."),
     "check": ("dsa_export.cli.check_cmd", "Check the GPU software stack before a build or engine load."),
+    "bench": ("dsa_export.cli.bench_cmd", "Time a DSA layer against dense attention across sequence lengths."),
 }
 
 

@@ -1,0 +1,270 @@
+"""Where the layer runs: torch on CPU, ONNX Runtime on CPU, and the CUDA kernels on a GPU.
+
+A backend turns (variant, L) into a zero-argument call, knows how it measures peak memory, and
+describes its environment. Nothing here touches CUDA unless the ``cuda`` backend is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dsa_export.bench import memory
+from dsa_export.bench.block import AttentionBlock, make_blocks, make_input
+from dsa_export.bench.settings import BenchSettings
+from dsa_export.errors import DSAUserError
+
+
+class Backend:
+    """One runtime; subclasses fill in :meth:`call` and :meth:`measure_peak`."""
+
+    name = ""
+    #: How :meth:`measure_peak` measures, in words for the report.
+    memory_method = ""
+
+    def __init__(self, settings: BenchSettings):
+        self.settings = settings
+        self.last_indices: torch.Tensor | None = None
+
+    def skip_reason(self, variant: str, seq_len: int) -> str | None:
+        """Why this case is not run (None: it runs)."""
+        return None
+
+    def call(self, variant: str, seq_len: int) -> Callable[[], object]:
+        raise NotImplementedError
+
+    def measure_peak(self, thunk: Callable[[], float]) -> tuple[float, int | None]:
+        """Run ``thunk`` (one timed call) and return its result and the peak extra bytes."""
+        if not memory.peak_rss_supported():
+            return thunk(), None
+        return memory.measure_peak_rss(thunk)
+
+    def selected_indices(self) -> torch.Tensor | None:
+        """The indices of the last DSA call (for the measured sparsity), on the CPU."""
+        return None if self.last_indices is None else self.last_indices.cpu()
+
+    def environment(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _recording_indexer(backend: Backend, indexer: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def record(*args, **kwargs):
+        backend.last_indices = indexer(*args, **kwargs)
+        return backend.last_indices
+
+    return record
+
+
+class TorchBackend(Backend):
+    """Our torch ops (the chunked CPU implementations) against ``F.scaled_dot_product_attention``."""
+
+    name = "torch"
+    memory_method = "peak RSS growth of one call (VmHWM after, VmRSS before, after malloc_trim)"
+
+    def __init__(self, settings: BenchSettings):
+        super().__init__(settings)
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        self.blocks = make_blocks(settings.block)
+        dsa = self.blocks["dsa"]
+        dsa.indexer_fn = _recording_indexer(self, dsa.indexer_fn)
+        self._inputs: dict[int, torch.Tensor] = {}
+
+    def _input(self, seq_len: int) -> torch.Tensor:
+        if seq_len not in self._inputs:
+            self._inputs = {seq_len: make_input(self.settings.block, seq_len)}
+        return self._inputs[seq_len]
+
+    def call(self, variant: str, seq_len: int) -> Callable[[], object]:
+        block, x = self.blocks[variant], self._input(seq_len)
+
+        def run() -> torch.Tensor:
+            with torch.inference_mode():
+                return block(x)
+
+        return run
+
+    def environment(self) -> dict:
+        return {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+class OnnxRuntimeBackend(Backend):
+    """Both variants exported with the project's exporter (``dsa`` nodes run as function bodies)."""
+
+    name = "onnxruntime"
+    memory_method = (
+        "peak RSS growth of one call (VmHWM after, VmRSS before, after malloc_trim), session memory arena off"
+    )
+
+    def __init__(self, settings: BenchSettings):
+        super().__init__(settings)
+        from dsa_export.export import ExportSettings, export_model, save_model
+        from dsa_export.runtime.onnxrt import session
+        from dsa_export.sources import ModelSource
+
+        cfg = settings.block
+        self._tmp = tempfile.TemporaryDirectory(prefix="dsa-bench-")
+        self.sessions = {}
+        self.export_s: dict[str, float] = {}
+        threads = settings.threads or torch.get_num_threads()
+        export_settings = ExportSettings(ops="plugin", batch=2, seq_len=64)
+        import time
+
+        for variant, block in make_blocks(cfg).items():
+            start = time.perf_counter()
+            example = make_input(cfg, export_settings.seq_len).expand(export_settings.batch, -1, -1).contiguous()
+            source = ModelSource(
+                spec=f"bench:{variant}-block", module=block, example_inputs={"x": example}, output_names=["out"],
+                config={"bench_block": {**cfg.__dict__, "variant": variant}},
+            )
+            path = save_model(export_model(source, export_settings), Path(self._tmp.name) / f"{variant}.onnx")
+            self.export_s[variant] = time.perf_counter() - start
+            self.sessions[variant] = session(path, threads=threads, memory_arena=False)
+        self._threads = threads
+
+    def skip_reason(self, variant: str, seq_len: int) -> str | None:
+        limit = self.settings.max_onnxruntime_seq
+        if seq_len > limit:
+            return (
+                f"skipped above --max-onnxruntime-seq {limit}: the function bodies hold [B,H,L,L] scores "
+                f"({_gib(4 * self.settings.block.batch * self.settings.block.heads * seq_len**2)} GiB at L={seq_len})"
+            )
+        return None
+
+    def call(self, variant: str, seq_len: int) -> Callable[[], object]:
+        sess = self.sessions[variant]
+        feed = {"x": make_input(self.settings.block, seq_len).numpy()}
+        return lambda: sess.run(None, feed)
+
+    def environment(self) -> dict:
+        import onnxruntime as ort
+
+        return {
+            "onnxruntime": ort.__version__,
+            "onnxruntime_threads": self._threads,
+            "export_s": {k: round(v, 2) for k, v in self.export_s.items()},
+        }
+
+    def close(self) -> None:
+        self.sessions.clear()
+        self._tmp.cleanup()
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f}"
+
+
+class CudaBackend(Backend):
+    """The plugin kernels (``libdsa_kernels.so`` through its C ABI) against CUDA SDPA, in bf16."""
+
+    name = "cuda"
+    memory_method = "torch.cuda.max_memory_allocated growth over one call"
+
+    def __init__(self, settings: BenchSettings):
+        super().__init__(settings)
+        self.kernels = load_cuda_kernels()
+        self.device = "cuda"
+        self.dtype = torch.bfloat16
+        self.blocks = {v: b.to(self.device, self.dtype) for v, b in make_blocks(settings.block).items()}
+        dsa: AttentionBlock = self.blocks["dsa"]
+        kern = self.kernels
+
+        def indexer(q, k, w, *, topk, scale, causal):
+            return kern.indexer_topk(q, k, w.float(), topk=topk, scale=scale, causal=causal)
+
+        def attention(q, k, v, indices, *, scale):
+            return kern.sparse_attention(q, k, v, indices, scale=scale)
+
+        dsa.indexer_fn = _recording_indexer(self, indexer)
+        dsa.attention_fn = attention
+        self._inputs: dict[int, torch.Tensor] = {}
+
+    def call(self, variant: str, seq_len: int) -> Callable[[], object]:
+        if seq_len not in self._inputs:
+            self._inputs = {seq_len: make_input(self.settings.block, seq_len, self.dtype, self.device)}
+        block, x = self.blocks[variant], self._inputs[seq_len]
+
+        def run() -> torch.Tensor:
+            with torch.inference_mode():
+                out = block(x)
+            torch.cuda.synchronize()
+            return out
+
+        return run
+
+    def measure_peak(self, thunk: Callable[[], float]) -> tuple[float, int | None]:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        result = thunk()
+        return result, max(0, torch.cuda.max_memory_allocated() - before)
+
+    def environment(self) -> dict:
+        return {"torch": torch.__version__, "kernels": str(self.kernels.path), **cuda_environment()}
+
+
+def load_cuda_kernels():
+    """The plugin kernels' library, or a one-sentence error saying what is missing."""
+    if not torch.cuda.is_available():
+        raise DSAUserError(
+            f"--backends cuda needs a CUDA GPU visible to torch, and this torch {torch.__version__} "
+            f"(CUDA build: {torch.version.cuda or 'none'}) sees none; run it on a GPU machine or drop cuda."
+        )
+    try:
+        from dsa_export.plugins.kernels import load_kernels  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise DSAUserError(
+            "--backends cuda needs the DSA kernel library binding (dsa_export.plugins.kernels), which this "
+            f"installation lacks ({exc}); install a dsa-export with the plugins and build the kernels."
+        ) from exc
+    return load_kernels(os.environ.get("DSA_EXPORT_PLUGIN_LIB") or None)
+
+
+def cuda_environment() -> dict:
+    """GPU, driver and CUDA versions for the results file."""
+    info: dict = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                  "compute_capability": ".".join(map(str, torch.cuda.get_device_capability()))}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )
+        info["driver"] = out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        info["driver"] = None
+    return info
+
+
+def host_environment() -> dict:
+    """What the CPU numbers depend on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average_1_5_15": [round(v, 2) for v in load] if load else None,
+    }
+
+
+BACKEND_TYPES: dict[str, type[Backend]] = {
+    "torch": TorchBackend,
+    "onnxruntime": OnnxRuntimeBackend,
+    "cuda": CudaBackend,
+}

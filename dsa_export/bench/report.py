@@ -1,0 +1,101 @@
+"""Human-readable tables of a benchmark report."""
+
+from __future__ import annotations
+
+
+def _ms(case: dict | None) -> str:
+    if case is None:
+        return "-"
+    if "skipped" in case:
+        return "skipped"
+    return f"{case['median_s'] * 1e3:.1f}"
+
+
+def _mib(case: dict | None) -> str:
+    if case is None or "skipped" in case or case.get("peak_bytes") is None:
+        return "-"
+    return f"{case['peak_bytes'] / 2**20:.0f}"
+
+
+def results_rows(report: dict) -> list[list[str]]:
+    """One row per (backend, L): times, ratio, memory, memory ratio."""
+    cases = {(c["backend"], c["variant"], c["seq_len"]): c for c in report["cases"]}
+    ratios = {(r["backend"], r["seq_len"]): r for r in report["ratios"]}
+    rows = []
+    for backend in report["settings"]["backends"]:
+        for seq_len in report["settings"]["seq_lens"]:
+            dsa, dense = cases.get((backend, "dsa", seq_len)), cases.get((backend, "dense", seq_len))
+            ratio = ratios.get((backend, seq_len), {})
+            rows.append([
+                backend, str(seq_len), _ms(dsa), _ms(dense),
+                f"{ratio['dense_over_dsa_time']:.2f}" if "dense_over_dsa_time" in ratio else "-",
+                _mib(dsa), _mib(dense),
+                f"{ratio['dsa_over_dense_memory']:.2f}" if "dsa_over_dense_memory" in ratio else "-",
+            ])
+    return rows
+
+
+RESULT_HEADER = ["backend", "L", "DSA ms", "dense ms", "dense/DSA time", "DSA MiB", "dense MiB", "DSA/dense mem"]
+
+
+def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def render(report: dict, markdown: bool = False) -> str:
+    """Results, growth exponents, FLOP split and claims as text (or Markdown tables)."""
+    cfg = report["config"]
+    out = [
+        f"Layer: hidden {cfg['hidden']}, {cfg['heads']} heads x {cfg['head_dim']} ({cfg['kv_heads']} kv head(s)), "
+        f"indexer {cfg['index_heads']} x {cfg['index_head_dim']}, top-k {cfg['topk']}, batch {cfg['batch']}.",
+        "",
+        format_table(RESULT_HEADER, results_rows(report), markdown),
+        "",
+    ]
+    exp_rows = []
+    for name, entry in report["exponents"].items():
+        t, m = entry.get("time"), entry.get("memory")
+        exp_rows.append([
+            name,
+            f"{t['exponent']:.2f}" if t else "-", f"{t['per_doubling']:.2f}" if t else "-",
+            f"{m['exponent']:.2f}" if m else "-",
+        ])
+    out += [format_table(["curve", "time exponent", "time x per doubling", "memory exponent"], exp_rows, markdown), ""]
+    sparsity = {s["seq_len"]: s for s in report["sparsity"]}
+    flop_rows = []
+    for f in report["flops"]:
+        s = sparsity[f["seq_len"]]
+        flop_rows.append([
+            str(f["seq_len"]), f"{f['indexer'] / 1e9:.1f}", f"{f['sparse_attention'] / 1e9:.1f}",
+            f"{f['dense_attention'] / 1e9:.1f}", f"{f['projections'] / 1e9:.1f}", f"{100 * f['indexer_share']:.0f}%",
+            f"{f['dense_over_dsa']:.2f}", f"{100 * s['analytic']:.1f}%",
+            f"{100 * s['measured']:.1f}%" if s["measured"] is not None else "-",
+        ])
+    out += [format_table(
+        ["L", "indexer GFLOP", "sparse attn GFLOP", "dense attn GFLOP", "projections GFLOP", "indexer share",
+         "dense/DSA FLOPs", "sparsity", "measured"], flop_rows, markdown), ""]
+    claim_rows = []
+    for claim in report["claims"]:
+        if claim["claim"].startswith("85-90%"):
+            values = ", ".join(
+                f"L={m['seq_len']}: {100 * (m['measured'] if m['measured'] is not None else m['analytic']):.1f}%"
+                for m in claim["measured"])
+        else:
+            values = ", ".join(f"{m['backend']} L={m['seq_len']}: "
+                               + (f"{m['value']:.2f}x" if "faster" in claim["claim"] else f"{100 * m['value']:.0f}%")
+                               for m in claim["measured"]) or "not measured"
+        claim_rows.append([claim["claim"], values, "yes" if claim["agrees"] else "no"])
+    out.append(format_table(["seed claim", "measured here", "agrees"], claim_rows, markdown))
+    for claim in report["claims"]:
+        if claim.get("note"):
+            out.append(f"  {claim['claim']}: {claim['note']}")
+    for note in dict.fromkeys(report["notes"]):
+        out.append(f"note: {note}")
+    return "\n".join(out)
