@@ -32,6 +32,10 @@ class Backend:
         self.settings = settings
         self.last_indices: torch.Tensor | None = None
 
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise a one-sentence DSAUserError when this backend cannot run here (cheap, before any work)."""
+
     def skip_reason(self, variant: str, seq_len: int) -> str | None:
         """Why this case is not run (None: it runs)."""
         return None
@@ -168,6 +172,10 @@ class CudaBackend(Backend):
 
     name = "cuda"
     memory_method = "torch.cuda.max_memory_allocated growth over one call"
+
+    @classmethod
+    def check_available(cls) -> None:
+        load_cuda_kernels()
 
     def __init__(self, settings: BenchSettings):
         super().__init__(settings)

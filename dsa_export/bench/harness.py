@@ -108,5 +108,6 @@ def fit_power_law(lengths: Sequence[float], values: Sequence[float]) -> PowerFit
     intercept = mean_y - slope * mean_x
     ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in pairs)
     ss_tot = sum((y - mean_y) ** 2 for _, y in pairs)
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    # A flat curve (all log y equal up to rounding) is fitted exactly by slope 0.
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
     return PowerFit(exponent=slope, coefficient=math.exp(intercept), r2=r2, points=n)

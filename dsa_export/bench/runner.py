@@ -26,8 +26,10 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
     started = _dt.datetime.now(_dt.timezone.utc)
     environment = {"dsa_export": __version__, **host_environment()}
     backends: list[Backend] = []
+    for name in settings.backends:  # a backend that cannot run here fails before any work
+        BACKEND_TYPES[name].check_available()
     try:
-        for name in settings.backends:  # construct all first: a missing backend fails before any timing
+        for name in settings.backends:
             say(f"preparing {name}")
             backends.append(BACKEND_TYPES[name](settings))
         cases: list[dict] = []

@@ -1,0 +1,111 @@
+"""``dsa-export bench`` end to end on a tiny configuration, and its usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args, env_extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*(env_extra or []), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "dsa_export", "bench", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    args = ["--seq", "128,256", "--repeats", "2", "--max-onnxruntime-seq", "128", "--json", str(out / "b.json")]
+    if _has_matplotlib():
+        args += ["--plot", str(out / "b.png")]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
+    out, result = tiny_run
+    report = json.loads((out / "b.json").read_text())
+    assert {"schema", "date", "environment", "config", "settings", "cases", "ratios", "exponents", "flops",
+            "sparsity", "claims", "notes"} <= set(report)
+    run_cases = [c for c in report["cases"] if "skipped" not in c]
+    assert {(c["backend"], c["variant"], c["seq_len"]) for c in run_cases} == {
+        ("torch", "dsa", 128), ("torch", "dsa", 256), ("torch", "dense", 128), ("torch", "dense", 256),
+        ("onnxruntime", "dsa", 128), ("onnxruntime", "dense", 128)}
+    for c in run_cases:
+        assert c["median_s"] > 0 and 1 <= c["repeats"] <= 2 and c["min_s"] <= c["median_s"] <= c["max_s"]
+        assert c["peak_bytes"] is None or c["peak_bytes"] >= 0
+    skipped = [c for c in report["cases"] if "skipped" in c]
+    assert len(skipped) == 2 and all("--max-onnxruntime-seq 128" in c["skipped"] for c in skipped)
+    assert {(r["backend"], r["seq_len"]) for r in report["ratios"]} == {("torch", 128), ("torch", 256), ("onnxruntime", 128)}
+    assert set(report["exponents"]) == {"torch/dsa", "torch/dense"}
+    assert [f["seq_len"] for f in report["flops"]] == [128, 256]
+    # Below top-k every allowed key is selected: nothing is skipped, and the op agrees.
+    assert all(s["analytic"] == 0.0 and s["measured"] == 0.0 for s in report["sparsity"])
+    assert [c["claim"] for c in report["claims"]] == [
+        "3-5x faster inference on long text", "about 40% less memory at 2048 tokens", "85-90% sparsity"]
+    assert "dense/DSA time" in result.stdout and "--max-onnxruntime-seq" in result.stdout
+
+
+def test_plot_is_a_png(tiny_run):
+    if not _has_matplotlib():
+        pytest.skip("matplotlib is not installed (the bench extra); the PNG is not written")
+    out, _ = tiny_run
+    data = (out / "b.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 200_000
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "matplotlib").mkdir(parents=True)
+    (fake / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is hidden by this test')\n")
+    result = run("--seq", "128", "--plot", str(tmp_path / "p.png"), env_extra=[str(fake)])
+    assert result.returncode == 1
+    assert "pip install 'dsa-export[bench]'" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--backends", "torch,tpu"], "names no known backend"),
+        (["--backends", "torch,torch"], "lists a backend twice"),
+        (["--seq", "1024,x"], "comma-separated"),
+        (["--seq", "1"], "at least 2"),
+        (["--topk", "0"], "Invalid value"),
+        (["--repeats", "0"], "Invalid value"),
+        (["--plot", "{tmp}/plot.jpg"], "must end in .png"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_sentence(tmp_path, args, message):
+    result = run(*[a.format(tmp=tmp_path) for a in args])
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("Error")] == [result.stderr.splitlines()[-1]]
+
+
+def test_cuda_backend_without_a_gpu_fails_with_one_sentence():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible; the missing-GPU message cannot be provoked")
+    result = run("--seq", "128", "--backends", "torch,cuda")
+    assert result.returncode == 1
+    assert "--backends cuda needs a CUDA GPU" in result.stderr and "Traceback" not in result.stderr
+    assert "preparing" not in result.stderr and "L=128" not in result.stderr  # failed before any work
