@@ -224,14 +224,14 @@ def load_cuda_kernels():
     """The plugin kernels' library, or a one-sentence error saying what is missing."""
     if not torch.cuda.is_available():
         raise DSAUserError(
-            f"--backends cuda needs a CUDA GPU visible to torch, and this torch {torch.__version__} "
+            f"The cuda benchmark backend needs a CUDA GPU visible to torch, and this torch {torch.__version__} "
             f"(CUDA build: {torch.version.cuda or 'none'}) sees none; run it on a GPU machine or drop cuda."
         )
     try:
         from dsa_export.plugins.kernels import load_kernels  # type: ignore[import-not-found]
     except ImportError as exc:
         raise DSAUserError(
-            "--backends cuda needs the DSA kernel library binding (dsa_export.plugins.kernels), which this "
+            "The cuda benchmark backend needs the DSA kernel library binding (dsa_export.plugins.kernels), which this "
             f"installation lacks ({exc}); install a dsa-export with the plugins and build the kernels."
         ) from exc
     return load_kernels(os.environ.get("DSA_EXPORT_PLUGIN_LIB") or None)

@@ -89,7 +89,8 @@ def render(report: dict, markdown: bool = False) -> str:
                 for m in claim["measured"])
         else:
             values = ", ".join(f"{m['backend']} L={m['seq_len']}: "
-                               + (f"{m['value']:.2f}x" if "faster" in claim["claim"] else f"{100 * m['value']:.0f}%")
+                               + (f"{m['value']:.2f}x (FLOPs {m['flop_ratio']:.2f}x)" if "faster" in claim["claim"]
+                                  else f"{100 * m['value']:.0f}%")
                                for m in claim["measured"]) or "not measured"
         claim_rows.append([claim["claim"], values, "yes" if claim["agrees"] else "no"])
     out.append(format_table(["seed claim", "measured here", "agrees"], claim_rows, markdown))
@@ -99,3 +100,30 @@ def render(report: dict, markdown: bool = False) -> str:
     for note in dict.fromkeys(report["notes"]):
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def environment_lines(report: dict) -> list[str]:
+    """Where and when the numbers were taken: date, machine, load, versions (GPU, driver, CUDA on GPUs)."""
+    env = report["environment"]
+    lines = [f"- date: {report['date']} (run took {report['duration_s']:.0f} s)"]
+    if env.get("gpu"):
+        lines.append(f"- GPU: {env['gpu']} (compute capability {env.get('compute_capability')}), "
+                     f"driver {env.get('driver') or 'unknown'}, CUDA {env.get('cuda')}")
+    lines.append(f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores visible, "
+                 f"load average (1/5/15 min) {env.get('load_average_1_5_15')} before, "
+                 f"{env.get('load_average_after')} after")
+    versions = [f"{k} {env[k]}" for k in ("dsa_export", "torch", "onnxruntime", "python") if env.get(k)]
+    threads = [f"{k.split('_')[0]} {env[k]}" for k in ("torch_threads", "onnxruntime_threads") if env.get(k)]
+    lines.append("- versions: " + ", ".join(versions) + (f"; threads: {', '.join(threads)}" if threads else ""))
+    settings = report["settings"]
+    lines.append(f"- timing: {settings['warmup']} warm-up call(s) while calls take under "
+                 f"{settings['warmup_below_s']:g} s, up to {settings['repeats']} timed calls within "
+                 f"{settings['case_budget_s']:g} s per case, median reported")
+    for backend, method in settings.get("memory_method", {}).items():
+        lines.append(f"- memory ({backend}): {method}")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    """A results file: environment, then the tables of :func:`render` as Markdown."""
+    return "\n".join(["# dsa-export bench results", "", *environment_lines(report), "", render(report, markdown=True), ""])

@@ -48,10 +48,12 @@ class _BackendList(click.ParamType):
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report as JSON here ('-' for stdout, then no table).")
+@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Markdown results file (date, machine, load, versions, tables) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write log-log plots of latency and memory against L to this PNG (needs matplotlib).")
 def command(seq_lens, topk, backends, repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory,
-            json_out, plot_out) -> None:
+            json_out, markdown_out, plot_out) -> None:
     """Time one DSA attention layer (indexer + top-k + sparse attention) against the same layer with
     dense causal attention across sequence lengths; report medians, peak memory, ratios, growth
     exponents in L, the FLOP split and the seed documents' claims next to the measurements."""
@@ -86,6 +88,13 @@ def command(seq_lens, topk, backends, repeats, warmup, case_budget_s, max_onnxru
             with atomic_output(json_out) as tmp:
                 tmp.write_text(text + "\n")
             click.echo(f"Wrote {json_out}.")
+    if markdown_out is not None:
+        from dsa_export.bench.report import render_markdown
+
+        with atomic_output(markdown_out) as tmp:
+            tmp.write_text(render_markdown(report))
+        if not to_stdout:
+            click.echo(f"Wrote {markdown_out}.")
     if plot_out is not None:
         from dsa_export.bench.plot import save_plot
 

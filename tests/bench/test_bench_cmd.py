@@ -107,5 +107,18 @@ def test_cuda_backend_without_a_gpu_fails_with_one_sentence():
         pytest.skip("a CUDA GPU is visible; the missing-GPU message cannot be provoked")
     result = run("--seq", "128", "--backends", "torch,cuda")
     assert result.returncode == 1
-    assert "--backends cuda needs a CUDA GPU" in result.stderr and "Traceback" not in result.stderr
+    assert "cuda benchmark backend needs a CUDA GPU" in result.stderr and "Traceback" not in result.stderr
     assert "preparing" not in result.stderr and "L=128" not in result.stderr  # failed before any work
+
+
+def test_gpu_hook_without_a_gpu_fails_with_one_sentence(tmp_path, capsys):
+    import torch
+
+    from dsa_export.bench import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible; the missing-GPU message cannot be provoked")
+    assert gpu.main([str(tmp_path / "out"), "--seq", "128"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: The cuda benchmark backend needs a CUDA GPU")
+    assert not (tmp_path / "out").exists()
