@@ -49,7 +49,8 @@ def save_plot(report: dict, path: str | Path) -> Path:
         if mem:
             m_label = label + (f" (L^{fit['memory']['exponent']:.2f})" if "memory" in fit else "")
             ax_mem.plot([m[0] for m in mem], [m[1] for m in mem], label=m_label, **style)
-    cfg = report["config"]
+    cfg, env = report["config"], report["environment"]
+    where = env.get("gpu") or f"CPU, {env.get('torch_threads') or env.get('onnxruntime_threads')} threads"
     for ax, ylabel in ((ax_time, "median latency (ms)"), (ax_mem, "peak memory of one call (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -60,7 +61,7 @@ def save_plot(report: dict, path: str | Path) -> Path:
             ax.legend(fontsize=7)
     fig.suptitle(
         f"one attention layer: DSA (top-k {cfg['topk']}) vs dense causal, {cfg['heads']} heads x {cfg['head_dim']}, "
-        f"hidden {cfg['hidden']} ({report['date'][:10]})", fontsize=9,
+        f"hidden {cfg['hidden']}; {where}, {report['date'][:10]}", fontsize=9,
     )
     fig.tight_layout()
     out = Path(path)
