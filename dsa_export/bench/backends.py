@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +32,9 @@ class Backend:
     def __init__(self, settings: BenchSettings):
         self.settings = settings
         self.last_indices: torch.Tensor | None = None
+        #: Seconds spent in the DSA layer's parts per call, where the backend can time them
+        #: synchronously (``indexer``: indexer scores + top-k; ``sparse_attention``).
+        self.part_seconds: dict[str, list[float]] = {}
 
     @classmethod
     def check_available(cls) -> None:
@@ -68,6 +72,18 @@ def _recording_indexer(backend: Backend, indexer: Callable[..., torch.Tensor]) -
     return record
 
 
+def _timed_part(backend: Backend, part: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` that also appends its duration to ``backend.part_seconds[part]`` (CPU: synchronous)."""
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        backend.part_seconds.setdefault(part, []).append(time.perf_counter() - start)
+        return result
+
+    return timed
+
+
 class TorchBackend(Backend):
     """Our torch ops (the chunked CPU implementations) against ``F.scaled_dot_product_attention``."""
 
@@ -80,7 +96,8 @@ class TorchBackend(Backend):
             torch.set_num_threads(settings.threads)
         self.blocks = make_blocks(settings.block)
         dsa = self.blocks["dsa"]
-        dsa.indexer_fn = _recording_indexer(self, dsa.indexer_fn)
+        dsa.indexer_fn = _timed_part(self, "indexer", _recording_indexer(self, dsa.indexer_fn))
+        dsa.attention_fn = _timed_part(self, "sparse_attention", dsa.attention_fn)
         self._inputs: dict[int, torch.Tensor] = {}
 
     def _input(self, seq_len: int) -> torch.Tensor:
@@ -121,8 +138,6 @@ class OnnxRuntimeBackend(Backend):
         self.export_s: dict[str, float] = {}
         threads = settings.threads or torch.get_num_threads()
         export_settings = ExportSettings(ops="plugin", batch=2, seq_len=64)
-        import time
-
         for variant, block in make_blocks(cfg).items():
             start = time.perf_counter()
             example = make_input(cfg, export_settings.seq_len).expand(export_settings.batch, -1, -1).contiguous()

@@ -68,6 +68,22 @@ def render(report: dict, markdown: bool = False) -> str:
             f"{m['exponent']:.2f}" if m else "-",
         ])
     out += [format_table(["curve", "time exponent", "time x per doubling", "memory exponent"], exp_rows, markdown), ""]
+    flops = {f["seq_len"]: f for f in report["flops"]}
+    split_rows = []
+    for case in report["cases"]:
+        parts = case.get("parts_median_s")
+        if not parts or case["variant"] != "dsa":
+            continue
+        indexer, attention = parts.get("indexer", 0.0), parts.get("sparse_attention", 0.0)
+        split_rows.append([
+            case["backend"], str(case["seq_len"]), f"{indexer * 1e3:.1f}", f"{attention * 1e3:.1f}",
+            f"{max(0.0, case['median_s'] - indexer - attention) * 1e3:.1f}",
+            f"{100 * indexer / (indexer + attention):.0f}%" if indexer + attention > 0 else "-",
+            f"{100 * flops[case['seq_len']]['indexer_share']:.0f}%",
+        ])
+    if split_rows:
+        out += [format_table(["backend", "L", "indexer+top-k ms", "sparse attn ms", "rest ms",
+                              "indexer share of time", "indexer share of FLOPs"], split_rows, markdown), ""]
     sparsity = {s["seq_len"]: s for s in report["sparsity"]}
     flop_rows = []
     for f in report["flops"]:

@@ -51,6 +51,10 @@ def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
     for c in run_cases:
         assert c["median_s"] > 0 and 1 <= c["repeats"] <= 2 and c["min_s"] <= c["median_s"] <= c["max_s"]
         assert c["peak_bytes"] is None or c["peak_bytes"] >= 0
+    torch_dsa = [c for c in run_cases if (c["backend"], c["variant"]) == ("torch", "dsa")]
+    for c in torch_dsa:  # the DSA layer's parts are timed inside the same calls
+        assert set(c["parts_median_s"]) == {"indexer", "sparse_attention"}
+        assert all(0 < v <= c["max_s"] for v in c["parts_median_s"].values())
     skipped = [c for c in report["cases"] if "skipped" in c]
     assert len(skipped) == 2 and all("--max-onnxruntime-seq 128" in c["skipped"] for c in skipped)
     assert {(r["backend"], r["seq_len"]) for r in report["ratios"]} == {("torch", 128), ("torch", 256), ("onnxruntime", 128)}
