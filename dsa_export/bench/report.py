@@ -17,6 +17,10 @@ def _mib(case: dict | None) -> str:
     return f"{case['peak_bytes'] / 2**20:.0f}"
 
 
+def _saving(fraction: float) -> str:
+    return f"{100 * fraction:.0f}% less" if fraction >= 0 else f"{-100 * fraction:.0f}% more"
+
+
 def results_rows(report: dict) -> list[list[str]]:
     """One row per (backend, L): times, ratio, memory, memory ratio."""
     cases = {(c["backend"], c["variant"], c["seq_len"]): c for c in report["cases"]}
@@ -106,7 +110,7 @@ def render(report: dict, markdown: bool = False) -> str:
         else:
             values = ", ".join(f"{m['backend']} L={m['seq_len']}: "
                                + (f"{m['value']:.2f}x (FLOPs {m['flop_ratio']:.2f}x)" if "faster" in claim["claim"]
-                                  else f"{100 * m['value']:.0f}%")
+                                  else _saving(m["value"]))
                                for m in claim["measured"]) or "not measured"
         claim_rows.append([claim["claim"], values, "yes" if claim["agrees"] else "no"])
     out.append(format_table(["seed claim", "measured here", "agrees"], claim_rows, markdown))
