@@ -50,7 +50,8 @@ def save_plot(report: dict, path: str | Path) -> Path:
             m_label = label + (f" (L^{fit['memory']['exponent']:.2f})" if "memory" in fit else "")
             ax_mem.plot([m[0] for m in mem], [m[1] for m in mem], label=m_label, **style)
     cfg, env = report["config"], report["environment"]
-    where = env.get("gpu") or f"CPU, {env.get('torch_threads') or env.get('onnxruntime_threads')} threads"
+    threads = env.get("torch_threads") or env.get("onnxruntime_threads")
+    where = env.get("gpu") or f"CPU, {threads} thread{'' if threads == 1 else 's'}"
     for ax, ylabel in ((ax_time, "median latency (ms)"), (ax_mem, "peak memory of one call (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
