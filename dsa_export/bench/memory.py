@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import os
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -74,7 +73,3 @@ def measure_peak_rss(fn: Callable[[], T]) -> tuple[T, int]:
     result = fn()
     peak = _status_kib("VmHWM")
     return result, max(0, peak - before) * 1024
-
-
-def current_rss_bytes() -> int:
-    return _status_kib("VmRSS") * 1024 if os.path.exists(_STATUS) else 0
