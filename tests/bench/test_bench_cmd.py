@@ -31,7 +31,8 @@ def _has_matplotlib() -> bool:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    args = ["--seq", "128,256", "--repeats", "2", "--max-onnxruntime-seq", "128", "--json", str(out / "b.json")]
+    args = ["--seq", "128,256", "--repeats", "2", "--max-onnxruntime-seq", "128", "--json", str(out / "b.json"),
+            "--markdown", str(out / "b.md")]
     if _has_matplotlib():
         args += ["--plot", str(out / "b.png")]
     result = run(*args)
@@ -65,6 +66,8 @@ def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
     assert [c["claim"] for c in report["claims"]] == [
         "3-5x faster inference on long text", "about 40% less memory at 2048 tokens", "85-90% sparsity"]
     assert "dense/DSA time" in result.stdout and "--max-onnxruntime-seq" in result.stdout
+    markdown = (out / "b.md").read_text()
+    assert "- date: " + report["date"] in markdown and "| backend | L | DSA ms | dense ms |" in markdown
 
 
 def test_plot_is_a_png(tiny_run):
@@ -126,3 +129,10 @@ def test_gpu_hook_without_a_gpu_fails_with_one_sentence(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: The cuda benchmark backend needs a CUDA GPU")
     assert not (tmp_path / "out").exists()
+
+
+def test_json_to_stdout_is_the_only_stdout():
+    result = run("--seq", "64", "--repeats", "1", "--backends", "torch", "--no-memory", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [c["seq_len"] for c in report["cases"]] == [64, 64] and "peak_bytes" not in report["cases"][0]
