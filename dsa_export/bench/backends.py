@@ -277,7 +277,10 @@ def host_environment() -> dict:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    threading = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
+                 if k in os.environ}
     return {
+        "threading_env": threading,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu,

@@ -135,6 +135,8 @@ def environment_lines(report: dict) -> list[str]:
     versions = [f"{k} {env[k]}" for k in ("dsa_export", "torch", "onnxruntime", "python") if env.get(k)]
     threads = [f"{k.split('_')[0]} {env[k]}" for k in ("torch_threads", "onnxruntime_threads") if env.get(k)]
     lines.append("- versions: " + ", ".join(versions) + (f"; threads: {', '.join(threads)}" if threads else ""))
+    if env.get("threading_env"):
+        lines.append("- threading environment: " + ", ".join(f"{k}={v}" for k, v in env["threading_env"].items()))
     settings = report["settings"]
     lines.append(f"- timing: {settings['warmup']} warm-up call(s) while calls take under "
                  f"{settings['warmup_below_s']:g} s, up to {settings['repeats']} timed calls within "
