@@ -40,18 +40,21 @@ META_SETTINGS = "dsa_export.export_settings"
 META_FILE_SHA = "dsa_export.reference_sha256"
 
 
-def _dynamic_shapes(inputs: dict) -> dict:
+def _dynamic_shapes(inputs: dict, axes: dict[str, dict[int, str]] | None = None) -> dict:
+    """torch.export dims per input: the source's named axes, else batch on axis 0, sequence on 1."""
     import torch
 
-    batch, seq = torch.export.Dim(BATCH_DIM), torch.export.Dim(SEQ_DIM)
+    dims: dict[str, object] = {}
+
+    def dim(name: str):
+        return dims.setdefault(name, torch.export.Dim(name))
+
     shapes = {}
     for name, value in inputs.items():
-        dims = {}
-        if value.dim() >= 1:
-            dims[0] = batch
-        if value.dim() >= 2:
-            dims[1] = seq
-        shapes[name] = dims
+        if axes is not None:
+            shapes[name] = {axis: dim(label) for axis, label in axes.get(name, {}).items()}
+            continue
+        shapes[name] = {axis: dim(label) for axis, label in ((0, BATCH_DIM), (1, SEQ_DIM)) if value.dim() > axis}
     return shapes
 
 
@@ -65,6 +68,13 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
     dtype = getattr(torch, DTYPES[settings.dtype])
     module = source.module.to(dtype)
     inputs = _cast_inputs(source.example_inputs, dtype)
+    shapes = _dynamic_shapes(inputs, source.dynamic_axes)
+    if source.input_names is not None:  # a module taking its inputs positionally
+        args, kwargs = tuple(inputs[n] for n in source.input_names), None
+        # torch.export sees a ``forward(*args)`` signature as one tuple argument.
+        shapes = (tuple(shapes[n] for n in source.input_names),)
+    else:
+        args, kwargs = (), inputs
     # The exporter prints progress and warnings of its own (torchvision absent, constant folding of
     # Split); route them to our log instead of the user's terminal.
     sink = io.StringIO()
@@ -75,9 +85,10 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
         try:
             program = torch.onnx.export(
                 module,
-                (),
-                kwargs=inputs,
-                dynamic_shapes=_dynamic_shapes(inputs),
+                args,
+                kwargs=kwargs,
+                dynamic_shapes=shapes,
+                input_names=source.input_names,
                 custom_translation_table=translation_table(),
                 opset_version=settings.opset,
                 dynamo=True,
@@ -164,7 +175,7 @@ def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportS
         ),
     }
     if source.config is not None:
-        props[META_CONFIG] = json.dumps(source.config, sort_keys=True)
+        props[META_CONFIG] = json.dumps(source.config, sort_keys=True, default=str)
     if source.file_sha256:
         props[META_FILE_SHA] = source.file_sha256
     for key, value in props.items():

@@ -105,9 +105,9 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
         raise DSAUserError(f"'{path}' records no reference model; pass one with --reference MODEL.")
     source = resolve(spec, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed)
     if settings.reference is None and META_CONFIG in meta and source.config is not None:
-        if json.loads(meta[META_CONFIG]) != source.config:
+        if json.loads(meta[META_CONFIG]) != json.loads(json.dumps(source.config, sort_keys=True, default=str)):
             raise DSAUserError(
-                f"the built-in '{spec}' no longer matches the config recorded in '{path}'; "
+                f"the reference '{spec}' no longer matches the config recorded in '{path}'; "
                 "re-export the model or pass --reference."
             )
     if META_FILE_SHA in meta and source.file_sha256 and meta[META_FILE_SHA] != source.file_sha256:
@@ -149,7 +149,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
         feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
 
-    torch_runner = TorchRunner(source.module, metadata_from_onnx(model), output_names, name="torch")
+    reference = source.reference_module or source.module
+    order = source.input_names if reference is source.module else (list(source.input_names or []) or None)
+    torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name="torch", input_order=order)
     if dtype == "bf16":
         import onnxruntime
 
