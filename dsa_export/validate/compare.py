@@ -53,6 +53,8 @@ class ValidationSettings:
     rtol: float | None = None
     error_stat: str | None = None
     seed: int = 1
+    #: Minimum mean top-k overlap per layer with transformers' indexers (Hugging Face references).
+    min_topk_overlap: float = 0.99
 
 
 @dataclass
@@ -75,6 +77,9 @@ class ValidationReport:
     error_stat: str
     runners: list[str]
     errors: list[OutputError] = field(default_factory=list)
+    #: {seq_len: {layer: overlap}} of top-k selections against transformers' indexers (HF models).
+    topk_overlap: dict[int, dict[int, float]] = field(default_factory=dict)
+    min_topk_overlap: float | None = None
     passed: bool = False
 
     def to_json(self) -> str:
@@ -87,6 +92,9 @@ class ValidationReport:
             f"{'PASS' if e.passed else 'FAIL'}"
             for e in self.errors
         ]
+        for seq_len, layers in self.topk_overlap.items():
+            cells = ", ".join(f"L{layer}: {value:.4f}" for layer, value in layers.items())
+            rows.append(f"{seq_len:>7}  top-k overlap with transformers ({cells})")
         verdict = "PASSED" if self.passed else "FAILED"
         return "\n".join([header, *rows, f"{verdict}: {self.runners[1]} vs {self.runners[0]} "
                           f"({self.error_stat} error within atol={self.atol:g}/rtol={self.rtol:g}, {self.dtype} file, "
@@ -184,6 +192,15 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
                 max_rel=float(rel.max()), passed=_within(diff, rel, ref, atol, rtol, error_stat),
             ))
+    hf_reference = getattr(source, "hf_reference", None)
+    if hf_reference is not None and source.reference_module is not None:
+        from dsa_export.hf.overlap import topk_overlap
+
+        for seq_len, feed in zip(settings.seq_lens, feeds):
+            tensors = {k: torch.from_numpy(v) for k, v in feed.items()}
+            report.topk_overlap[seq_len] = topk_overlap(path, hf_reference, tensors)
+        report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
+        report.passed = report.passed and report.min_topk_overlap >= settings.min_topk_overlap
     report.passed = report.passed and all(e.passed for e in report.errors)
     return report
 
