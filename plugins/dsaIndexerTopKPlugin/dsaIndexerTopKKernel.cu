@@ -589,15 +589,17 @@ size_t indexerTopKMinWorkspaceSize(int64_t T)
 
 size_t indexerTopKWorkspaceSize(int64_t B, int64_t S, int64_t T, int64_t /*H*/, int64_t /*D*/, int64_t /*topk*/)
 {
+    // min(all scores, budget), but at least one row. Monotone in B, S and T, so the size computed
+    // for a profile's maximum shapes covers every smaller shape (the plugin relies on that).
     if (B <= 0 || S <= 0 || T <= 0)
     {
         return 0;
     }
     size_t const rowBytes = static_cast<size_t>(T) * sizeof(float);
-    int64_t rows = static_cast<int64_t>(kINDEXER_WORKSPACE_BUDGET / rowBytes);
-    rows = rows < 1 ? 1 : rows;
-    rows = rows > B * S ? B * S : rows;
-    return alignUp(static_cast<size_t>(rows) * rowBytes, 256);
+    size_t const all = static_cast<size_t>(B) * static_cast<size_t>(S) * rowBytes;
+    size_t bytes = all < kINDEXER_WORKSPACE_BUDGET ? all : kINDEXER_WORKSPACE_BUDGET;
+    bytes = bytes < rowBytes ? rowBytes : bytes;
+    return alignUp(bytes, 256);
 }
 
 int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, int32_t smMajor)

@@ -23,7 +23,8 @@ struct IndexerTopKParams
 //! Score rows kept in the workspace by default (256 MiB of fp32 scores at most).
 constexpr size_t kINDEXER_WORKSPACE_BUDGET = size_t{256} << 20;
 
-//! Workspace for these maximum shapes: min(B*S, budget / (4T)) rows of T fp32 scores.
+//! Workspace for these shapes: min(4*B*S*T, budget) bytes, at least one row of T fp32 scores.
+//! Monotone in B, S, T: the size for a profile's maximum shapes covers all smaller shapes.
 size_t indexerTopKWorkspaceSize(int64_t B, int64_t S, int64_t T, int64_t H, int64_t D, int64_t topk);
 //! The smallest workspace the launcher accepts (one row of scores).
 size_t indexerTopKMinWorkspaceSize(int64_t T);
