@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("dsa_export.cli.export_cmd", "Export a model to ONNX with DSA custom ops."),
     "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
     "inspect": ("dsa_export.cli.inspect_cmd", "Show the ops, custom nodes, I/O and metadata of an ONNX file."),
+    "plugins": ("dsa_export.cli.plugins_cmd", "Build the CUDA/TensorRT plugin libraries and find them."),
 }
 
 
