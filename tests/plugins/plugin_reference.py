@@ -58,10 +58,10 @@ def sparse_attention(q, k, v, indices, *, scale: float) -> torch.Tensor:
         return torch.zeros(B, S, H, v64.shape[-1], dtype=torch.float64)
     kg = k64[batch, safe]                                # [B,S,K,Hkv,Dk]
     vg = v64[batch, safe]                                # [B,S,K,Hkv,Dv]
-    kg = kg.repeat_interleave(group, dim=3)              # [B,S,K,H,Dk], head h uses kv head h // group
-    vg = vg.repeat_interleave(group, dim=3)
-    logits = torch.einsum("bshd,bskhd->bshk", q64, kg) * scale
-    logits = logits.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    qg = q64.view(B, S, Hkv, group, Dk)                  # head h uses kv head h // group
+    logits = torch.einsum("bsgmd,bskgd->bsgmk", qg, kg) * scale
+    logits = logits.masked_fill(~valid.view(B, S, 1, 1, -1), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)             # rows without a valid index -> 0
-    return torch.einsum("bshk,bskhd->bshd", probs, vg)
+    out = torch.einsum("bsgmk,bskgd->bsgmd", probs, vg)
+    return out.reshape(B, S, H, v64.shape[-1])
