@@ -356,6 +356,7 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
     {
         sAcc[i] = 0.F;
     }
+    __syncthreads(); // sQ/sAcc are read by other warps even when K == 0 and the loop below never syncs
     bool const active = warp < nHeads;
     float m = -INFINITY;
     float l = 0.F;
