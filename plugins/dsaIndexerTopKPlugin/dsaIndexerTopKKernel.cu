@@ -312,10 +312,11 @@ __global__ void __launch_bounds__(kGEN_THREADS) indexerLogitsGenericKernel(Index
     ch.ws[row * p.T + t] = score;
 }
 
-//! Order-preserving map of fp32 bits to uint32 (larger float -> larger key; -0 < +0).
+//! Order-preserving map of fp32 bits to uint32 (larger float -> larger key; -0 maps like +0).
 __device__ __forceinline__ uint32_t orderedKey(float v)
 {
-    uint32_t const u = __float_as_uint(v);
+    // -0 and +0 compare equal in the reference; adding +0 turns -0 into +0 (not folded without fast-math).
+    uint32_t const u = __float_as_uint(v + 0.0F);
     return (u & 0x80000000U) ? ~u : (u | 0x80000000U);
 }
 

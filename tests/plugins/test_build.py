@@ -113,3 +113,15 @@ def test_plugin_glue_compiles_against_tensorrt_headers(sm90_build):
     proc = subprocess.run([str(smoke), str(plugin)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: 0 failure(s)" in proc.stdout
+
+
+def test_path_command_describes_the_built_library(sm90_build):
+    build_dir, _, _ = sm90_build
+    env = dict(os.environ, PYTHONPATH=str(REPO), DSA_EXPORT_PLUGIN_LIB=str(build_dir / "libdsa_kernels.so"))
+    proc = subprocess.run([sys.executable, "-m", "dsa_export", "plugins", "path", "--kind", "kernels", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["kind"] == "kernels" and info["missing_symbols"] == []
+    assert info["cuda_architectures"] == ["90"]
+    assert len(info["sha256"]) == 64
