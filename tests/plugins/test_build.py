@@ -125,3 +125,30 @@ def test_path_command_describes_the_built_library(sm90_build):
     assert info["kind"] == "kernels" and info["missing_symbols"] == []
     assert info["cuda_architectures"] == ["90"]
     assert len(info["sha256"]) == 64
+
+
+def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
+    """The library loads through the ctypes binding and rejects bad arguments before touching CUDA."""
+    import ctypes
+    import itertools
+
+    from dsa_export.plugins.kernels import KernelLibrary
+
+    build_dir, _, _ = sm90_build
+    kern = KernelLibrary(build_dir / "libdsa_kernels.so")
+    raw = kern._lib
+    assert raw.dsa_kernels_abi_version() == 1
+    assert raw.dsa_status_string(1) == b"invalid argument"
+    status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
+    assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
+    status = raw.dsa_indexer_topk(None, None, None, None, None, 1, 1, 1, 1, 1, 1, 1.0, 1, 7, 0, None, 0, None)
+    assert status == 1 and b"dtype" in raw.dsa_last_error()
+    # The plugin sizes the workspace for a profile's maximum shapes: the size must be monotone.
+    sizes = [1, 3, 100, 4096, 70000]
+    ws = kern.indexer_topk_workspace_size
+    for (b, s, t), (b2, s2, t2) in itertools.product(itertools.product([1, 2], sizes, sizes), repeat=2):
+        if b <= b2 and s <= s2 and t <= t2:
+            assert ws(b, s, t, 64, 128, 2048) <= ws(b2, s2, t2, 64, 128, 2048)
+    assert ws(1, 16384, 16384, 64, 128, 2048) == 256 << 20
+    assert ws(1, 4, 100, 64, 128, 8) >= 4 * 100 * 4
+    assert raw.dsa_indexer_topk_min_workspace_size(ctypes.c_int64(100)) == 512
