@@ -436,7 +436,10 @@ int32_t launchGeneric(SparseAttentionParams const& p, DeviceInfo const& dev, cud
 {
     int64_t const groups = p.H / p.Hkv;
     int64_t const hc = groups < kGEN_MAX_HEADS ? groups : kGEN_MAX_HEADS;
-    size_t const budget = dev.maxSmemOptin < 96 * 1024 ? dev.maxSmemOptin : 96 * 1024;
+    // About 16 KB of shared memory per warp keeps several CTAs resident per SM (the per-head form,
+    // Hkv = H, runs one warp per CTA and is bound by gathering rows, so occupancy matters most).
+    size_t const perCta = static_cast<size_t>(hc) * 16 * 1024;
+    size_t const budget = dev.maxSmemOptin < perCta ? dev.maxSmemOptin : perCta;
     int64_t bn = 32;
     while (bn > 1 && genericSmemBytes(bn, hc, p.Dk, p.Dv) > budget)
     {
