@@ -39,6 +39,20 @@ timeout 300 bash -c "cmake -S '$REPO/plugins' -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE
     -DCMAKE_CUDA_COMPILER='$NVCC' -DCMAKE_CUDA_ARCHITECTURES='$ARCH' ${TensorRT_INCLUDE_DIR:+-DTensorRT_INCLUDE_DIR=$TensorRT_INCLUDE_DIR} \
     && cmake --build '$BUILD_DIR' -j '$JOBS'" > "$OUT_DIR/build.log" 2>&1
 BUILD_RC=$?
+if [ "$BUILD_RC" -ne 0 ] && [ -x "$NVCC" ] && [ "$ARCH" != "native" ]; then
+    # No usable CMake (missing or older than 3.24): compile the kernel library with nvcc directly.
+    log "cmake build failed (rc=$BUILD_RC, see build.log); falling back to a direct nvcc build"
+    mkdir -p "$BUILD_DIR"
+    timeout 300 "$NVCC" -std=c++17 -O3 -shared -Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra \
+        -gencode "arch=compute_$ARCH,code=[compute_$ARCH,sm_$ARCH]" -cudart static -I "$REPO/plugins" \
+        "$REPO/plugins/common/dsaKernelCommon.cpp" "$REPO/plugins/api/dsaKernelsApi.cpp" \
+        "$REPO/plugins/dsaIndexerTopKPlugin/dsaIndexerTopKKernel.cu" \
+        "$REPO/plugins/dsaSparseAttentionPlugin/dsaSparseAttentionKernel.cu" \
+        -o "$BUILD_DIR/libdsa_kernels.so" >> "$OUT_DIR/build.log" 2>&1
+    BUILD_RC=$?
+    printf '{"cuda_architectures": ["%s"], "built_by": "nvcc fallback", "glue_built": false, "libraries": {"kernels": "libdsa_kernels.so"}}\n' \
+        "$ARCH" > "$BUILD_DIR/dsa_build_info.json"
+fi
 BUILD_S=$(($(date +%s) - BUILD_START))
 log "build rc=$BUILD_RC in ${BUILD_S}s"
 cp -f "$BUILD_DIR/dsa_build_info.json" "$OUT_DIR/" 2>/dev/null || true
