@@ -227,3 +227,30 @@ def library_info(path: str | os.PathLike[str]) -> LibraryInfo:
         missing_symbols=missing,
         build_info=build_info,
     )
+
+
+def load_into_tensorrt(trt_module=None, kind: LibraryKind = "plugin") -> Path:
+    """Register the DSA plugin creators with TensorRT's global plugin registry; returns the library path.
+
+    ``kind="plugin"`` goes through ``IPluginRegistry.load_library`` (``getCreators``); ``"static"``
+    is only ``dlopen``-ed, its creators register themselves. ``trt_module`` defaults to
+    ``import tensorrt`` (imported here, never at package import).
+    """
+    path = require_library(kind)
+    if trt_module is None:
+        from dsa_export.errors import require
+
+        trt_module = require("tensorrt", "Loading the DSA TensorRT plugins")
+    if kind == "static":
+        import ctypes
+
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        return path
+    registry = trt_module.get_plugin_registry()
+    handle = registry.load_library(str(path))
+    if handle is None:
+        raise DSAUserError(
+            f"TensorRT could not load {path} as a plugin library; check that it was built against this "
+            "TensorRT version (dsa-export plugins path --json shows the headers it used)."
+        )
+    return path

@@ -150,3 +150,34 @@ def test_importing_the_loader_imports_neither_torch_nor_tensorrt():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_load_into_tensorrt_uses_the_registry(isolated, monkeypatch):
+    plugin = _fake(isolated / "lib", "libdsa_plugins.so")
+    monkeypatch.setenv(lib.ENV_VAR, str(plugin))
+    loaded = []
+
+    class Registry:
+        def load_library(self, path):
+            loaded.append(path)
+            return object()
+
+    class FakeTrt:
+        @staticmethod
+        def get_plugin_registry():
+            return Registry()
+
+    assert lib.load_into_tensorrt(FakeTrt) == plugin.resolve()
+    assert loaded == [str(plugin.resolve())]
+
+    class Refusing(FakeTrt):
+        @staticmethod
+        def get_plugin_registry():
+            class R:
+                def load_library(self, path):
+                    return None
+
+            return R()
+
+    with pytest.raises(DSAUserError, match="could not load"):
+        lib.load_into_tensorrt(Refusing)
