@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
     "inspect": ("dsa_export.cli.inspect_cmd", "Show the ops, custom nodes, I/O and metadata of an ONNX file."),
     "check": ("dsa_export.cli.check_cmd", "Check the GPU software stack before a build or engine load."),
+    "plugins": ("dsa_export.cli.plugins_cmd", "Build the CUDA/TensorRT plugin libraries and find them."),
 }
 
 
