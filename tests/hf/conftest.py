@@ -39,3 +39,38 @@ def checkpoints(tmp_path_factory):
         "deepseek_v32": make_checkpoint(root, "deepseek_v32", layers=3, index_topk=8),
         "glm_moe_dsa": make_checkpoint(root, "glm_moe_dsa", layers=4, index_topk=8),
     }
+
+
+def make_fp8_checkpoint(root, source, block: int = 16):
+    """Rewrite ``source``'s 2-D projection weights as FP8 e4m3 with per-block ``weight_scale_inv``,
+    the layout DeepSeek publishes its checkpoints in; returns (path, {key: dequantized weight})."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = {}
+    for file in sorted(source.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    out, expected = {}, {}
+    for key, value in state.items():
+        quantizable = value.dim() == 2 and key.endswith("proj.weight") and not any(
+            skip in key for skip in ("weights_proj", "embed", "lm_head"))
+        if quantizable and value.shape[0] % block == 0 and value.shape[1] % block == 0:
+            rows, cols = value.shape
+            blocks = value.float().reshape(rows // block, block, cols // block, block)
+            scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+            quant = (blocks / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+            out[key], out[key.replace(".weight", ".weight_scale_inv")] = quant, scale
+            expected[key] = (quant.float().reshape(rows // block, block, cols // block, block)
+                             * scale[:, None, :, None]).reshape(rows, cols)
+        else:
+            out[key] = value
+    path = root / (source.name + "-fp8")
+    path.mkdir()
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [block, block]}
+    (path / "config.json").write_text(json.dumps(config))
+    return path, expected
