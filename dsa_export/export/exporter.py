@@ -212,25 +212,62 @@ def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelPro
     _set_metadata(model, source, settings)
     if settings.ops == "native":
         model = inline_custom_ops(model)
+    if initializer_bytes(model) < EXTERNAL_DATA_BYTES:
+        _check(model)
+    # else: protobuf cannot serialize it in one piece; save_model checks the saved file instead.
+    return model
+
+
+#: Past this many weight bytes a model is saved with external data (protobuf's 2 GB limit).
+EXTERNAL_DATA_BYTES = 2**31 - 2**27
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for tensor in model.graph.initializer:
+        if tensor.raw_data:
+            total += len(tensor.raw_data)
+        else:
+            n = 1
+            for d in tensor.dims:
+                n *= d
+            total += n * 4
+    return total
+
+
+def _check(model: onnx.ModelProto | str) -> None:
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise RuntimeError(f"the exported model fails onnx.checker: {exc}") from exc
-    return model
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
-    """Write ``model`` atomically; weights go to ``<name>.data`` beside it once past 2 GB."""
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
+               external_data_bytes: int = EXTERNAL_DATA_BYTES) -> Path:
+    """Write ``model`` atomically; its weights go to ``<name>.data`` beside it when they exceed
+    ``external_data_bytes`` (protobuf cannot hold more than 2 GB in one message). In that case the
+    model's tensors are turned into external references in place, as ``onnx.save_model`` does."""
+    import shutil
+    import tempfile
+
     from dsa_export.fileio import atomic_output
 
     path = Path(path)
-    external = model.ByteSize() > (2**31 - 2**20)
-    with atomic_output(path, extra_suffixes=(".data",) if external else ()) as tmp:
-        if external:
-            # Relative location resolves beside the final file after the rename.
-            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=path.name + ".data")
-            os.replace(tmp.parent / (path.name + ".data"), Path(str(tmp) + ".data"))
-        else:
+    if initializer_bytes(model) < external_data_bytes:
+        with atomic_output(path) as tmp:
             onnx.save_model(model, tmp)
+        return path
+    # Two files: write both under their final names in a hidden sibling folder, check them there,
+    # then move the data first and the model last, so a reader never sees a model without its data.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        data_name = path.name + ".data"
+        onnx.save_model(model, staging / path.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        _check(str(staging / path.name))
+        os.replace(staging / data_name, path.parent / data_name)
+        os.replace(staging / path.name, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path

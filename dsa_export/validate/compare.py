@@ -173,6 +173,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     G_LOGGER.module_severity = G_LOGGER.ERROR
     try:
         results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+        canonicalize_selections(results, selection_outputs(model))
         compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
@@ -210,6 +211,27 @@ def _within(diff: np.ndarray, rel: np.ndarray, ref: np.ndarray, atol: float, rto
         return bool(np.all(diff <= atol + rtol * np.abs(ref)))
     reduce = {"max": np.max, "mean": np.mean, "median": np.median}[stat]
     return bool(reduce(diff) <= atol or reduce(rel) <= rtol)
+
+
+def selection_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that carry DSAIndexerTopK selections (directly or through Identity/Cast)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in ("Identity", "Cast") and node.domain in ("", "ai.onnx"):
+            node = producers.get(node.input[0])
+        if node is not None and node.domain == "dsa" and node.op_type == "DSAIndexerTopK":
+            found.add(output.name)
+    return found
+
+
+def canonicalize_selections(results, names: set[str]) -> None:
+    """Sort selection rows in place: their order is unspecified by the op contract (sets compare)."""
+    for _, iterations in results:
+        for outputs in iterations:
+            for name in names & set(outputs.keys()):
+                outputs[name] = np.sort(np.asarray(outputs[name]), axis=-1)
 
 
 def _to_numpy(tensor, dtype: str) -> np.ndarray:
