@@ -1,8 +1,8 @@
 """Self-contained float64 torch references of the two DSA ops, written for readability.
 
-They mirror the op contract in DESIGN.md section 2 and exist so the kernel tests do not depend on
-the core package; once ``dsa_export.ops`` lands they should be replaced by
-``dsa_export.ops.dsa_indexer_topk`` / ``dsa_export.ops.dsa_sparse_attention``.
+They mirror the op contract (docs/ops.md) in float64, which the fp32 kernel tolerance (1e-5) needs;
+tests/plugins/test_reference_cpu.py checks them against plain loops and against
+``dsa_export.ops``, so the kernels are held to the same contract as every other implementation.
 """
 
 from __future__ import annotations

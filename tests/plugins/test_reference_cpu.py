@@ -53,3 +53,21 @@ def test_sparse_attention_reference_matches_a_loop():
             p = torch.softmax(logits, 0)
             want = sum(p[j] * v[0, i, g].double() for j, i in enumerate(sel))
             torch.testing.assert_close(got[0, s, h], want)
+
+
+def test_float64_references_agree_with_the_package_ops():
+    """Ties the kernels' float64 references to dsa_export.ops, the contract's torch implementation."""
+    from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
+
+    gen = torch.Generator().manual_seed(7)
+    B, S, T, H, D = 2, 6, 40, 16, 16
+    q, k, w = torch.randn(B, S, H, D, generator=gen), torch.randn(B, T, D, generator=gen), torch.randn(B, S, H, generator=gen)
+    lengths = torch.tensor([40, 31], dtype=torch.int32)
+    for topk in (8, 64):
+        mine = ref.indexer_topk(q, k, w, lengths, topk=topk, scale=0.25, causal=True)
+        ours = dsa_indexer_topk(q, k, w, lengths, topk=topk, scale=0.25, causal=True)
+        assert [set(r.tolist()) for r in mine.reshape(-1, topk)] == [set(r.tolist()) for r in ours.reshape(-1, topk)]
+    qa, ka, va = torch.randn(B, S, 8, 24, generator=gen), torch.randn(B, T, 1, 24, generator=gen), torch.randn(B, T, 1, 16, generator=gen)
+    idx = dsa_indexer_topk(q, k, w, lengths, topk=8, scale=0.25)
+    torch.testing.assert_close(ref.sparse_attention(qa, ka, va, idx, scale=0.2).float(),
+                               dsa_sparse_attention(qa, ka, va, idx, scale=0.2), atol=1e-5, rtol=1e-5)
