@@ -113,6 +113,21 @@ def test_decode_graph_greedy_matches_transformers_generate(checkpoints, tmp_path
                            do_sample=False, eos_token_id=None, pad_token_id=0)[0, 12:].tolist()
     got = greedy_generate(path, prompt.numpy(), 16)[0].tolist()
     assert got == want
+    _rtx_builds(path, {"batch": (1, 1, 2), "sequence": (1, 1, 64), "past_sequence": (0, 32, 256),
+                       "total_sequence": (1, 33, 320)})
+
+
+def _rtx_builds(path, dims):
+    pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed (the rtx extra)")
+    from dsa_export.trt.profiles import ShapeRange
+    from dsa_export.trt.rtx import build_engine
+
+    assert len(build_engine(path, ShapeRange(dims)).engine) > 100_000
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensorrt_rtx_builds_the_prefill_graph(prefill_exports, kind):
+    _rtx_builds(prefill_exports[kind][0], {"batch": (1, 1, 2), "sequence": (1, 64, 256)})
 
 
 def test_layer_slices_chain_to_the_full_model(checkpoints, tmp_path):
