@@ -212,10 +212,10 @@ def collect_amax(
                 bar.update(1)
         finally:
             bar.close()
-        ranges = calibrator.compute_data()
+        ranges = _ranges(calibrator, tensors, method, progress)
     amax = {}
     for name in tensors:
-        low, high = (np.asarray(v, dtype=np.float64).ravel() for v in ranges[name].range_value)
+        low, high = (np.asarray(v, dtype=np.float64).ravel() for v in ranges[name])
         value = float(max(np.abs(low).max(), np.abs(high).max()))
         if not math.isfinite(value):
             raise DSAUserError(f"the calibrated range of '{name}' is not finite; check the model and data for overflow.")
@@ -223,7 +223,28 @@ def collect_amax(
     return amax
 
 
-def _progress(total: int, enabled: bool):
+def _ranges(calibrator, tensors: list[str], method: str, progress: bool) -> dict[str, tuple]:
+    """(low, high) per tensor. Histogram thresholds (the entropy search takes about a second per
+    tensor) are computed one tensor at a time by ONNX Runtime's collector, so the bar can show them."""
+    if method == "minmax":
+        return {name: data.range_value for name, data in calibrator.compute_data().items()}
+    collector = calibrator.collector
+    histograms = collector.histogram_dict
+    ranges = {}
+    bar = _progress(len(tensors), progress, desc=f"{method} thresholds", unit="tensor")
+    try:
+        for name in tensors:
+            collector.histogram_dict = {name: histograms[name]}
+            low, high = collector.compute_collection_result()[name][:2]
+            ranges[name] = (low, high)
+            bar.update(1)
+    finally:
+        collector.histogram_dict = histograms
+        bar.close()
+    return ranges
+
+
+def _progress(total: int, enabled: bool, desc: str = "calibrating", unit: str = "sample"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="calibrating", unit="sample", disable=not enabled, file=sys.stderr, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, leave=False)

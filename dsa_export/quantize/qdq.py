@@ -9,7 +9,9 @@ quantized weight initializer (per output channel, symmetric). Nothing else is qu
 * softmax, the norms and every activation-by-activation MatMul (attention scores, softmax @ V,
   MLA's absorbed query projection) have no weight initializer and stay in high precision;
 * the indexer's head-weight path (``weights_proj``, the MatMul feeding the ``w`` input of
-  ``DSAIndexerTopK``) stays in high precision, as DeepSeek-V3.2 keeps it in FP32.
+  ``DSAIndexerTopK``) stays in high precision, as DeepSeek-V3.2 keeps it in FP32;
+* an MoE router (a MatMul whose scores reach a TopK through elementwise ops) stays in high
+  precision: its expert choice is as discrete as the indexer's.
 """
 
 from __future__ import annotations
@@ -102,6 +104,31 @@ def _head_weight_matmuls(graph: onnx.GraphProto, w_input: str, op_types: tuple[s
     return found
 
 
+#: Ops a router's scores pass through between its MatMul and the TopK that picks experts.
+_ROUTER_PATH_OPS = {"Sigmoid", "Softmax", "Add", "Mul", "Div", "Cast", "Reshape", "View", "Squeeze", "Unsqueeze",
+                    "Transpose", "ReduceSum", "Sub", "Flatten"}
+
+
+def _feeds_topk(graph: onnx.GraphProto, output: str, depth: int = 6) -> bool:
+    """Whether ``output`` reaches a standard TopK within ``depth`` elementwise/shape ops: an MoE
+    router, whose expert choice is as load-bearing as the indexer's (kept in high precision)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+    frontier = [output]
+    for _ in range(depth):
+        nxt = []
+        for value in frontier:
+            for node in consumers.get(value, []):
+                if node.domain in ("", "ai.onnx") and node.op_type == "TopK":
+                    return True
+                if node.domain in ("", "ai.onnx") and node.op_type in _ROUTER_PATH_OPS:
+                    nxt.extend(node.output)
+        frontier = nxt
+    return False
+
+
 def plan(
     model: onnx.ModelProto,
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES,
@@ -130,6 +157,8 @@ def plan(
             placement.skipped[name] = f"excluded by pattern '{pattern}'"
         elif i in head_weight:
             placement.skipped[name] = "indexer head-weight path (kept in high precision)"
+        elif _feeds_topk(graph, node.output[0]):
+            placement.skipped[name] = "MoE router (feeds a TopK; kept in high precision)"
         elif weight not in initializers or activation in initializers:
             placement.skipped[name] = "no weight initializer (activation x activation stays in high precision)"
         elif len(initializers[weight].dims) != 2 or initializers[weight].data_type not in FLOAT_TYPES:
