@@ -26,8 +26,10 @@ from dsa_export.errors import DSAUsageError
               help="Kept share of |x| in percent, for --method percentile.")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep matching nodes (fnmatch on node, output or weight name) in high precision; repeatable.")
-@click.option("--quantize-indexer", is_flag=True, default=None,
-              help="Also put Q/DQ on the q and k inputs of every DSAIndexerTopK.")
+@click.option("--quantize-indexer/--no-quantize-indexer", default=None,
+              help="Also put Q/DQ on the q and k inputs of every DSAIndexerTopK (default: the recipe's).")
+@click.option("--keep-indexer-projections/--quantize-indexer-projections", default=None,
+              help="Keep the indexer's q/k projections (wq_b, wk) in high precision (default: the recipe's).")
 @click.option("--recipe", type=click.Path(dir_okay=False), default=None,
               help="A calibration recipe (default: the bundled one matching the file).")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -40,7 +42,7 @@ from dsa_export.errors import DSAUsageError
               help="Also write the accuracy report as JSON here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
-            quantize_indexer, recipe, cache, from_cache, trt_version, report, progress) -> None:
+            quantize_indexer, keep_indexer_projections, recipe, cache, from_cache, trt_version, report, progress) -> None:
     """Calibrate ONNX_FILE (an fp32 export) and write it with explicit QuantizeLinear/DequantizeLinear.
 
     Q/DQ goes on MatMul/Gemm inputs only (weights per-channel, activations per-tensor, both
@@ -61,7 +63,8 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         version_number(trt_version)  # refuse a bad version before any work
     settings = QuantizeSettings(
         precision=precision, method=method, data=data, samples=samples, percentile=percentile,
-        exclude=tuple(exclude), quantize_indexer=quantize_indexer, recipe=recipe, from_cache=from_cache,
+        exclude=tuple(exclude), quantize_indexer=quantize_indexer,
+        keep_indexer_projections=keep_indexer_projections, recipe=recipe, from_cache=from_cache,
         progress=progress,
     )
     if cache is not None and (precision or "int8") != "int8":

@@ -87,7 +87,7 @@ def _node_name(node: onnx.NodeProto, index: int) -> str:
 
 
 def _head_weight_matmuls(graph: onnx.GraphProto, w_input: str, op_types: tuple[str, ...]) -> set[int]:
-    """Indices of the first MatMul/Gemm nodes upstream of the indexer's ``w`` input."""
+    """Indices of the first MatMul/Gemm nodes upstream of ``w_input`` (an indexer input)."""
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output}
     found, seen, stack = set(), set(), [w_input]
     while stack:
@@ -133,18 +133,24 @@ def plan(
     model: onnx.ModelProto,
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES,
     exclude: tuple[str, ...] = (),
+    keep_indexer_projections: bool = False,
 ) -> Placement:
     """Decide which MatMul/Gemm nodes get Q/DQ. ``exclude`` holds fnmatch patterns matched
-    against node names, their output names and their weight names."""
+    against node names, their output names and their weight names; ``keep_indexer_projections``
+    also keeps the indexer's q/k projections (``wq_b``, ``wk``) in high precision."""
     graph = model.graph
     types = tensor_types(model)
     initializers = {i.name: i for i in graph.initializer}
     placement = Placement()
     head_weight: set[int] = set()
+    projections: set[int] = set()
     for i, node in enumerate(graph.node):
         if node.domain == DOMAIN and node.op_type == INDEXER_TOPK.name and len(node.input) >= 3:
             placement.indexers.append(IndexerInputs(_node_name(node, i), node.input[0], node.input[1], node.input[2]))
             head_weight |= _head_weight_matmuls(graph, node.input[2], op_types)
+            if keep_indexer_projections:
+                for value in node.input[:2]:
+                    projections |= _head_weight_matmuls(graph, value, op_types)
     for i, node in enumerate(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in op_types:
             continue
@@ -157,6 +163,8 @@ def plan(
             placement.skipped[name] = f"excluded by pattern '{pattern}'"
         elif i in head_weight:
             placement.skipped[name] = "indexer head-weight path (kept in high precision)"
+        elif i in projections:
+            placement.skipped[name] = "indexer q/k projection (kept in high precision by the recipe)"
         elif _feeds_topk(graph, node.output[0]):
             placement.skipped[name] = "MoE router (feeds a TopK; kept in high precision)"
         elif weight not in initializers or activation in initializers:

@@ -40,7 +40,8 @@ class QuantizeSettings:
     """What ``calibrate`` was asked; ``None`` takes the recipe's value (then :data:`DEFAULTS`).
 
     Attributes:
-        precision, method, samples, percentile, quantize_indexer: override the recipe.
+        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections:
+            override the recipe.
         exclude: extra fnmatch patterns of nodes kept in high precision (added to the recipe's).
         data: a folder of .npz/.npy files, a Polygraphy data-loader script (``file.py[:func]``), or
             ``builtin`` for the recipe's bundled data.
@@ -57,6 +58,7 @@ class QuantizeSettings:
     percentile: float | None = None
     exclude: tuple[str, ...] = ()
     quantize_indexer: bool | None = None
+    keep_indexer_projections: bool | None = None
     recipe: str | None = None
     from_cache: str | None = None
     report: bool = True
@@ -112,6 +114,7 @@ def resolve_recipe(model: onnx.ModelProto, settings: QuantizeSettings) -> Recipe
         key: value for key, value in (
             ("precision", settings.precision), ("method", settings.method), ("samples", settings.samples),
             ("percentile", settings.percentile), ("quantize_indexer", settings.quantize_indexer),
+            ("keep_indexer_projections", settings.keep_indexer_projections),
         ) if value is not None
     }
     if settings.exclude:
@@ -157,7 +160,11 @@ def _generated_eval_inputs(model: onnx.ModelProto, recipe: Recipe) -> tuple[list
     from dsa_export.sources import resolve
 
     ev = recipe.eval_inputs
-    source = resolve(spec, batch=ev.batch, seq_len=ev.seq_lens[0], seed=ev.seed)
+    try:
+        source = resolve(spec, batch=ev.batch, seq_len=ev.seq_lens[0], seed=ev.seed)
+    except DSAUserError as exc:  # e.g. a reference this installation cannot rebuild
+        log.warning("cannot generate held-out inputs from '%s' (%s)", spec, exc)
+        return [], []
     names = [s.name for s in input_specs(model)]
     feeds, labels = [], []
     for i, seq_len in enumerate(ev.seq_lens):
@@ -196,7 +203,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     model = _load_model(path)
     recipe = resolve_recipe(model, settings)
     precision = get_precision(recipe.precision)
-    placement = plan(model, recipe.op_types, recipe.exclude)
+    placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections)
     if not placement.targets:
         raise DSAUserError(f"'{path}' has no {'/'.join(recipe.op_types)} with a weight initializer left to quantize.")
 
@@ -253,6 +260,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         "quantized_nodes": [t.node for t in placement.targets],
         "high_precision_nodes": placement.skipped,
         "quantize_indexer": recipe.quantize_indexer,
+        "keep_indexer_projections": recipe.keep_indexer_projections,
         "placement": "weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only",
     }, sort_keys=True))
     try:

@@ -44,6 +44,8 @@ class Recipe:
         op_types: ops whose inputs get Q/DQ.
         exclude: fnmatch patterns of nodes (names, outputs or weight names) kept in high precision.
         quantize_indexer: also put Q/DQ on the q and k inputs of every DSAIndexerTopK.
+        keep_indexer_projections: keep the indexer's q/k projections (wq_b, wk) in high precision;
+            they are small, and the top-k selection downstream of them is load-bearing.
         data: the bundled data folder, relative to the recipe (what ``--data builtin`` means).
         thresholds: pass marks of the accuracy report.
         eval_inputs: how held-out inputs are generated from the reference model.
@@ -61,6 +63,7 @@ class Recipe:
     op_types: tuple[str, ...] = ("MatMul", "Gemm")
     exclude: tuple[str, ...] = ()
     quantize_indexer: bool = False
+    keep_indexer_projections: bool = False
     data: str | None = None
     thresholds: Thresholds = Thresholds()
     eval_inputs: EvalInputs = EvalInputs()

@@ -137,3 +137,14 @@ def test_fp8_model_runs_and_uses_e4m3(exported, tmp_path):
     logits = session(path).run(["logits"], {"input_ids": np.arange(64, dtype=np.int64).reshape(1, 64) % 256})[0]
     assert logits.shape == (1, 64, 256) and np.isfinite(logits).all()
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def test_indexer_projections_can_stay_high_precision(exported):
+    import onnx
+
+    model = onnx.load(str(exported["plugin"]))
+    default = plan(model)
+    kept = plan(model, keep_indexer_projections=True)
+    reasons = [r for r in kept.skipped.values() if r.startswith("indexer q/k projection")]
+    assert len(reasons) == 6  # wq_b and wk of each of the 3 DSA layers
+    assert len(kept.targets) == len(default.targets) - 6
