@@ -204,6 +204,9 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     recipe = resolve_recipe(model, settings)
     precision = get_precision(recipe.precision)
     placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections)
+    if not placement.indexers:
+        log.warning("'%s' has no dsa::DSAIndexerTopK nodes, so the indexer's head weights cannot be told apart "
+                    "and no top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.", path)
     if not placement.targets:
         raise DSAUserError(f"'{path}' has no {'/'.join(recipe.op_types)} with a weight initializer left to quantize.")
 
