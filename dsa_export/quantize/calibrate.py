@@ -180,7 +180,23 @@ def _calibrator(model_path: Path, augmented: Path, tensors: list[str], method: s
     calibrator.select_tensors_to_calibrate = select_ours
     calibrator.augment_graph()
     calibrator.create_inference_session()
+    calibrator.infer_session = _Float32Outputs(calibrator.infer_session)
     return calibrator
+
+
+class _Float32Outputs:
+    """An InferenceSession whose fp16/bf16 outputs come back as float32: NumPy's histograms fail
+    on fp16 ranges ("cannot create 2048 finite-sized bins"), so fp16 exports calibrate in fp32."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def run(self, output_names, feed, *args, **kwargs):
+        outputs = self._session.run(output_names, feed, *args, **kwargs)
+        return [o.astype(np.float32) if isinstance(o, np.ndarray) and o.dtype == np.float16 else o for o in outputs]
 
 
 def collect_amax(

@@ -71,7 +71,7 @@ class AccuracyReport:
         t = self.thresholds
         lines = [
             f"Accuracy of {self.precision} Q/DQ ({self.method}, {self.calibration_samples} calibration samples) "
-            f"vs fp32 on {len(self.eval_inputs)} held-out inputs",
+            f"vs the unquantized model on {len(self.eval_inputs)} held-out inputs",
             f"{'output':<24} {'cosine':>9} {'SQNR dB':>9} {'max_abs':>10}  result",
         ]
         for o in self.outputs:
