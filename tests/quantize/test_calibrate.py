@@ -88,3 +88,36 @@ def test_entropy_clips_no_more_than_minmax(exported, tmp_path):
     for name in tensors:
         assert 0 < entropy[name] <= minmax[name] * (1 + 1e-6)
 
+
+
+def test_fp16_outputs_are_observed_in_float32():
+    from dsa_export.quantize.calibrate import _Float32Outputs
+
+    class Session:
+        def run(self, names, feed):
+            return [np.full(3, 1.5, np.float16), np.arange(3)]
+
+        def get_outputs(self):
+            return ["a", "b"]
+
+    wrapped = _Float32Outputs(Session())
+    a, b = wrapped.run(None, {})
+    assert a.dtype == np.float32 and b.dtype == np.arange(3).dtype
+    assert wrapped.get_outputs() == ["a", "b"]
+
+
+def test_recipes_match_by_reference_or_model_type_and_reject_unknown_fields(tmp_path):
+    from dsa_export.quantize.recipe import DEFAULTS, find_recipe, load_recipe
+
+    assert find_recipe("builtin:tiny", None).name == "tiny"
+    assert find_recipe("builtin:small", None).method == "percentile"
+    assert find_recipe("hf:/x#graph=prefill", "deepseek_v32").name == "deepseek-v3.2"
+    assert find_recipe("hf:/x#graph=prefill", "glm_moe_dsa").keep_indexer_projections is True
+    assert find_recipe("some/file.py:make", None) is DEFAULTS
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"precission": "int8"}')
+    with pytest.raises(DSAUserError, match="unknown field"):
+        load_recipe(bad)
+    bad.write_text('{"method": "kl"}')
+    with pytest.raises(DSAUserError, match="method 'kl' is unknown"):
+        load_recipe(bad)
