@@ -209,8 +209,6 @@ def collect_amax(
     progress: bool = False,
 ) -> dict[str, float]:
     """Symmetric range (amax) of each tensor in ``tensors`` over ``feeds``, by ``method``."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod  # noqa: F401  (fail early if missing)
-
     if not tensors:
         return {}
     if not 0 < percentile <= 100:
