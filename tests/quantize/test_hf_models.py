@@ -10,13 +10,14 @@ import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("dsa_export.hf.source", reason="this dsa-export has no Hugging Face export")
+pytest.importorskip("tests.hf.conftest", reason="the Hugging Face test checkpoints are not in this tree")
 
 
 @pytest.fixture(scope="module")
 def deepseek_export(tmp_path_factory):
     from dsa_export.export import ExportSettings, export_model, save_model
     from dsa_export.sources import resolve
-    from tests.hf.conftest import make_checkpoint
+    from tests.hf.conftest import make_checkpoint  # the tiny checkpoints the HF export tests use
 
     root = tmp_path_factory.mktemp("hf-quantize")
     checkpoint = make_checkpoint(root, "deepseek_v32", layers=3, index_topk=8)
