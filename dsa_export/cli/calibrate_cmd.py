@@ -14,9 +14,9 @@ from dsa_export.errors import DSAUsageError
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the Q/DQ .onnx file (written atomically).")
 @click.option("--precision", type=click.Choice(["int8", "fp8"]), default=None,
-              help="Quantized type (default: the recipe's, int8).")
+              help="Quantized type (default: the recipe's; int8 without one).")
 @click.option("--method", type=click.Choice(["entropy", "percentile", "minmax"]), default=None,
-              help="How activation ranges are chosen (default: the recipe's, entropy).")
+              help="How activation ranges are chosen (default: the recipe's; entropy without one).")
 @click.option("--data", default=None, metavar="DIR|SCRIPT|builtin",
               help="A folder of .npz/.npy inputs, a Polygraphy data-loader script (file.py[:func]), "
                    "or 'builtin' for the recipe's bundled demo inputs.")

@@ -221,9 +221,11 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     labels: list[str] = []
     if settings.data is not None:
         feeds, labels = _data(settings, recipe, model)
-    calib_feeds = feeds[: recipe.samples]
-    held_out = feeds[recipe.samples : recipe.samples + recipe.eval_samples]
-    held_labels = labels[recipe.samples : recipe.samples + recipe.eval_samples]
+    # Scales from a cache need no calibration data, so all of it can be held out.
+    first_held_out = 0 if settings.from_cache else recipe.samples
+    calib_feeds = [] if settings.from_cache else feeds[: recipe.samples]
+    held_out = feeds[first_held_out : first_held_out + recipe.eval_samples]
+    held_labels = labels[first_held_out : first_held_out + recipe.eval_samples]
 
     amax: dict[str, float] = {}
     if settings.from_cache:
