@@ -141,6 +141,13 @@ def _data(settings: QuantizeSettings, recipe: Recipe, model: onnx.ModelProto) ->
     specs = input_specs(model)
     source = settings.data
     if source == BUILTIN_DATA:
+        from dsa_export.quantize.recipe import CALIBRATION_DIR
+
+        if recipe.data_dir is None and not CALIBRATION_DIR.is_dir():
+            raise DSAUserError(
+                f"the bundled recipes and data ({CALIBRATION_DIR}) come with a source checkout and are not "
+                "installed here; pass --data DIR."
+            )
         if recipe.data_dir is None:
             raise DSAUserError(
                 f"recipe '{recipe.name}' bundles no calibration data; pass --data DIR (a folder of .npz/.npy files)."
