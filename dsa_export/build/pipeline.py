@@ -513,6 +513,15 @@ def _prepare_output(output: Path, force: bool) -> None:
         )
 
 
+def _apply_umask(folder: Path) -> None:
+    """Temporary files and folders are private (0600/0700); give the finished build the usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def build(settings: BuildSettings, log: Callable[[str], None] | None = None, probe=None) -> BuildResult:
     """Run the pipeline into a temporary sibling of ``settings.output`` and rename it into place."""
     log = log or _stderr
@@ -525,10 +534,11 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
         if probe is None:
             from dsa_export.compat import probe_environment
 
+            log("Probing the environment ...")
             probe = probe_environment()
         pipeline = _Pipeline(settings, work, log)
         pipeline.run(probe)
-        os.chmod(work, 0o755)
+        _apply_umask(work)
         if output.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
             os.replace(output, old / "previous")
