@@ -234,7 +234,29 @@ class _Pipeline:
         s = self.settings
         plan = plan_backends(s, probe)
         precision = s.precision or default_precision(plan)
+        if s.model_is_onnx and Path(str(s.model)).is_file():
+            from dsa_export.trt.tensorrt import file_precision
+
+            typed = file_precision(onnx.load(str(s.model), load_external_data=False))
+            if s.precision is None and precision in EXPORT_DTYPES and typed != precision:
+                precision = typed  # a supplied file keeps its own float type
+            elif precision in ("fp32", "fp16", "bf16") and typed != precision and plan.engine != "tensorrt":
+                raise DSAUserError(
+                    f"'{s.model}' is {typed} but --precision {precision} was asked, and only TensorRT 10 can lower "
+                    f"a file's precision at build time; give MODEL instead of the .onnx to export it at {precision}."
+                )
         self.log(f"Plan: {', '.join(plan.backends)} at {precision} ({plan.reason}).")
+        # The rules are cheap once probed: a blocked build fails here, before minutes of export,
+        # and the check stage records the same reports in pipeline order.
+        from dsa_export.compat import CheckSettings, require_no_blocking, run_checks
+
+        reports = {
+            backend: run_checks(CheckSettings(for_build=True, backend=backend, precision=precision, device=s.device), probe)
+            for backend in plan.backends
+        }
+        if not s.skip_checks:
+            for report in reports.values():
+                require_no_blocking(report)
         onnx_path = self.work / ONNX_NAME
         state: dict[str, Any] = {"engine_input": onnx_path}
 
@@ -296,7 +318,8 @@ class _Pipeline:
                     f"(worst '{worst.output}' at seq_len {worst.seq_len}, max abs {worst.max_abs:.3e}); nothing was built."
                 )
             return "done", (f"{report.runners[1]} vs {report.runners[0]} at seq {','.join(map(str, s.validation_seq_lens))}: "
-                            f"PASSED (max abs {worst.max_abs:.2e}) -> {VALIDATION_NAME}")
+                            f"PASSED ({report.error_stat} within atol {report.atol:g}; max abs {worst.max_abs:.2e}) "
+                            f"-> {VALIDATION_NAME}")
 
         self.stage("validate", validate)
 
@@ -328,14 +351,11 @@ class _Pipeline:
 
         # 4. check --------------------------------------------------------------------------
         def check() -> tuple[str, str]:
-            from dsa_export.compat import CheckSettings, manifest_record, require_no_blocking, run_checks
+            from dsa_export.compat import manifest_record
 
             records: dict[str, Any] = {}
             summary = []
-            for backend in plan.backends:
-                report = run_checks(CheckSettings(for_build=True, backend=backend, precision=precision, device=s.device), probe)
-                if not s.skip_checks:
-                    require_no_blocking(report)
+            for backend, report in reports.items():
                 records[backend] = manifest_record(None if s.skip_checks else report, skipped=s.skip_checks)
                 records[backend]["blocking"] = [f.id for f in report.blocking]
                 summary.append(f"{backend}: {'ok' if report.ok else 'blocked (ignored: --skip-checks)'}"

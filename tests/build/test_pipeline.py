@@ -227,3 +227,26 @@ def test_calibrate_stage_through_the_adapter(tmp_path, exported, monkeypatch):
     assert calibration["precision"] == "int8" and calibration["samples"] == 4 and calibration["recipe"] == "tiny-int8"
     assert calibration["cache"] == "calibration.cache" and calibration["model"] == "model.qdq.onnx"
     assert (tmp_path / "q" / "calibration.cache").is_file()
+
+
+def test_a_supplied_file_keeps_its_precision(tmp_path, exported):
+    from dsa_export.build import build
+
+    with pytest.raises(DSAUserError, match="is fp32 but --precision fp16 was asked"):
+        build(_quick(tmp_path / "a", exported["plugin"], precision="fp16"), log=lambda line: None)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_blocked_backend_fails_before_exporting(tmp_path, monkeypatch):
+    from dsa_export.build import BuildSettings, build
+    from tests.compat.helpers import fixture_probe
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("export ran although the checks block the build")
+
+    monkeypatch.setattr("dsa_export.export.export_model", no_export)
+    lines: list[str] = []
+    with pytest.raises(DSAUserError, match="--skip-checks"):
+        build(BuildSettings(output=tmp_path / "t", backend="tensorrt"), log=lines.append, probe=fixture_probe("cpu_only"))
+    assert not any(line.startswith("[1/5]") for line in lines)
+    assert not (tmp_path / "t").exists()
