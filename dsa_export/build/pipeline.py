@@ -190,12 +190,17 @@ def _io_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 def _plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, str | None, str | None]:
     """(path, sha256, reason when absent) of our plugin library of ``kind``."""
-    from dsa_export.plugins import find_library, library_info
+    from dsa_export.plugins import LIBRARY_NAMES, find_library, library_info
 
     if settings.plugin_library is not None:
         path = Path(settings.plugin_library)
         if not path.is_file():
             raise DSAUserError(f"--plugins {path} does not exist; pass the built libdsa_plugins.so.")
+        if kind == "static" and path.name != LIBRARY_NAMES["static"]:
+            sibling = path.with_name(LIBRARY_NAMES["static"])  # ONNX Runtime only dlopens: needs self-registration
+            if not sibling.is_file():
+                return None, None, f"no {LIBRARY_NAMES['static']} next to {path}"
+            path = sibling
         return path.resolve(), library_info(path).sha256, None
     path = find_library(kind)  # type: ignore[arg-type]
     if path is None:

@@ -273,3 +273,20 @@ def test_pipeline_tensorrt_backend_writes_what_the_gate_reads(exported, tmp_path
     assert trt2.calls["cache_in"] == b"+tuned"
     assert result.stages[2].status == "skipped"
     assert Path(out / "manifest.json").is_file()
+
+
+def test_onnxruntime_gets_the_static_registration_library(tmp_path):
+    from dsa_export.build.pipeline import _plugin_library
+
+    lib = tmp_path / "libdsa_plugins.so"
+    lib.write_bytes(b"\x7fELF-getCreators")
+    settings = BuildSettings(plugin_library=lib)
+    assert _plugin_library(settings, "plugin")[0] == lib.resolve()
+    path, sha, reason = _plugin_library(settings, "static")
+    assert path is None and sha is None and "libdsa_plugins_static.so" in reason
+    static = tmp_path / "libdsa_plugins_static.so"
+    static.write_bytes(b"\x7fELF-registers-on-load")
+    path, sha, reason = _plugin_library(settings, "static")
+    assert path == static.resolve() and len(sha) == 64 and reason is None
+    with pytest.raises(DSAUserError, match="does not exist"):
+        _plugin_library(BuildSettings(plugin_library=tmp_path / "nope.so"), "plugin")
