@@ -57,5 +57,14 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
         rtx_targets=tuple(t.upper() for t in rtx_targets) or None, skip_checks=skip_checks,
         validate=not no_validate, calibration_data=calibration_data, force=force, device=device,
     )
-    result = build(settings, log=lambda line: click.echo(line, err=True))
+    import signal
+
+    def _terminated(signum, frame):  # SIGTERM cleans up like Ctrl-C: no partial OUTPUT
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = build(settings, log=lambda line: click.echo(line, err=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(result.summary_table())

@@ -112,7 +112,8 @@ def test_a_failed_rebuild_keeps_the_previous_build(tmp_path, exported, monkeypat
     assert _leftovers(tmp_path, "out") == []
 
 
-def test_sigint_during_export_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_export_leaves_nothing(tmp_path, signum):
     out = tmp_path / "demo"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen(
@@ -126,7 +127,7 @@ def test_sigint_during_export_leaves_nothing(tmp_path):
             break
         assert time.time() < deadline, "the build never reached the export stage"
     time.sleep(1.0)  # inside torch.export by now
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     rest = proc.communicate(timeout=120)[1]
     assert proc.returncode == 130, rest
     assert "Aborted" in rest or "Interrupted" in rest
