@@ -63,6 +63,7 @@ def calibrate(
         "samples": getattr(result, "calibration_samples", None),
         "recipe": getattr(recipe, "name", None) or (str(recipe) if recipe is not None else None),
         "method": getattr(recipe, "method", None),
+        "recipe_path": str(getattr(recipe, "path", None) or "") or None,
         "source_model": onnx_path.name,
         "report_passed": getattr(getattr(result, "report", None), "passed", None),
     }

@@ -350,7 +350,8 @@ class _Pipeline:
                 "cache": outcome.cache.name if outcome.cache else None,
                 "report": outcome.report.name if outcome.report else None,
             }
-            return "done", f"{precision} Q/DQ -> {QDQ_NAME}"
+            verdict = {True: "report passed", False: f"report FAILED (see {CALIBRATION_REPORT_NAME})", None: "no report"}
+            return "done", f"{precision} Q/DQ -> {QDQ_NAME}; {verdict[outcome.provenance.get('report_passed')]}"
 
         self.stage("calibrate", calibrate)
 
