@@ -554,8 +554,11 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
     start = time.perf_counter()
     output = settings.output
     _prepare_output(output, settings.force)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
+    except OSError as exc:
+        raise DSAUserError(f"Cannot create the build folder next to {output} ({exc.strerror}); choose another -o.") from exc
     try:
         if probe is None:
             from dsa_export.compat import probe_environment
