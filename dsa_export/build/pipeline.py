@@ -208,6 +208,18 @@ def _plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, st
     return path, library_info(path).sha256, None
 
 
+def _load_onnx(path: Path):
+    """The graph of a user-supplied .onnx (no external data), or a one-sentence error."""
+    import onnx
+
+    if not path.is_file():
+        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file or a MODEL.")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}); pass an exported .onnx.") from exc
+
+
 # ---------------------------------------------------------------------------------------------
 # The pipeline
 
@@ -239,10 +251,10 @@ class _Pipeline:
         s = self.settings
         plan = plan_backends(s, probe)
         precision = s.precision or default_precision(plan)
-        if s.model_is_onnx and Path(str(s.model)).is_file():
+        if s.model_is_onnx:
             from dsa_export.trt.tensorrt import file_precision
 
-            typed = file_precision(onnx.load(str(s.model), load_external_data=False))
+            typed = file_precision(_load_onnx(Path(str(s.model))))
             if s.precision is None and precision in EXPORT_DTYPES and typed != precision:
                 precision = typed  # a supplied file keeps its own float type
             elif precision in ("fp32", "fp16", "bf16") and typed != precision and plan.engine != "tensorrt":
