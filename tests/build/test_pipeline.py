@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dsa_export.errors import DSAUserError
@@ -146,15 +147,35 @@ def test_a_foreign_non_empty_folder_is_not_replaced(tmp_path, exported):
     assert (out / "notes.txt").read_text() == "keep me"
 
 
-def test_int8_without_the_quantize_package_says_so(tmp_path, exported):
+def test_int8_without_the_quantize_package_says_so(tmp_path, exported, monkeypatch):
     from dsa_export.build import build
 
-    if __import__("importlib").util.find_spec("dsa_export.quantize") is not None:
-        pytest.skip("this install has dsa_export.quantize")
+    monkeypatch.setitem(sys.modules, "dsa_export.quantize", None)  # as in an install without it
     out = tmp_path / "q"
     with pytest.raises(DSAUserError, match="Calibration .* is not available in this install"):
         build(_quick(out, exported["plugin"], precision="int8"), log=lambda line: None)
     assert not out.exists()
+
+
+def test_int8_build_with_the_quantize_package(tmp_path, exported):
+    import importlib.util
+
+    if importlib.util.find_spec("dsa_export.quantize") is None:
+        pytest.skip("the calibration package dsa_export.quantize is not installed")
+    from dsa_export.build import build
+    from dsa_export.runtime import load
+
+    out = tmp_path / "int8"
+    result = build(_quick(out, exported["plugin"], precision="int8"), log=lambda line: None)
+    calibration = result.manifest["calibration"]
+    assert calibration["precision"] == "int8" and calibration["model"] == "model.qdq.onnx"
+    assert calibration["model_sha256"] == sha256_file(out / "model.qdq.onnx")
+    assert (out / "calibration.cache").read_text().startswith("TRT-")
+    session_json = json.loads((out / "onnxruntime" / "session.json").read_text())
+    assert session_json["chains"][0]["model"] == "../model.qdq.onnx"
+    assert session_json["chains"][0]["providers"][0][1]["trt_int8_enable"] == "True"
+    logits = load(out).run({"input_ids": np.arange(32, dtype=np.int64).reshape(1, 32)})["logits"]
+    assert logits.shape == (1, 32, 256) and np.isfinite(logits).all()
 
 
 def test_ort_artifact_falls_back_to_the_plain_file(tmp_path, exported, monkeypatch):
