@@ -111,7 +111,7 @@ def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
     gpu = gpus[settings.device] if settings.device < len(gpus) else None
     trt = probe.component("tensorrt")
     rtx = probe.component("tensorrt_rtx")
-    rtx_note = "TensorRT-RTX loads no plugins, so the dsa nodes are built from their ONNX function bodies"
+    rtx_note = "TensorRT-RTX loads no plugins, so the dsa nodes run as their ONNX function bodies"
 
     def rtx_targets() -> tuple[tuple[str, ...], str]:
         if settings.rtx_targets:
@@ -120,7 +120,7 @@ def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
             if gpu.compute_capability in _rtx_supported_sms(probe):
                 return (_sm_name(gpu.compute_capability),), f"GPU {gpu.index} ({gpu.name})"
             return (), f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) is not supported by TensorRT-RTX"
-        return DEFAULT_RTX_TARGETS, "no GPU is visible, so it builds ahead of time for the default target"
+        return DEFAULT_RTX_TARGETS, "no GPU is visible, so it is built ahead of time for the default target"
 
     if settings.backend == "tensorrt":
         return BackendPlan("tensorrt", False, "asked for with --backend tensorrt")
@@ -136,7 +136,7 @@ def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
         return BackendPlan(
             "tensorrt", True,
             f"auto: TensorRT {trt.version} and GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) "
-            "are present, so a TensorRT engine with the DSA plugins, plus the portable ONNX Runtime artifact",
+            "are present: a TensorRT engine with the DSA plugins and the portable ONNX Runtime artifact",
         )
     missing = "TensorRT is not installed" if not trt.found else "no GPU is visible for TensorRT"
     if rtx.found:
@@ -144,8 +144,8 @@ def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
         if targets:
             return BackendPlan(
                 "tensorrt-rtx", True,
-                f"auto: {missing}; TensorRT-RTX {rtx.version} is, so a TensorRT-RTX engine for {', '.join(targets)} "
-                f"({why}; {rtx_note}), plus the portable ONNX Runtime artifact",
+                f"auto: {missing} and TensorRT-RTX {rtx.version} is: a TensorRT-RTX engine for {', '.join(targets)} "
+                f"({why}) and the portable ONNX Runtime artifact; {rtx_note}",
                 targets,
             )
         return BackendPlan(None, True, f"auto: {missing} and {why}, so only the ONNX Runtime artifact")
