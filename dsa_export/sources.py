@@ -1,7 +1,8 @@
 """Resolve what the user calls MODEL into a torch module, example inputs and a reference spec.
 
-A spec is a built-in name (``tiny``), ``builtin:tiny``, or ``path/to/file.py:factory`` where the
-factory returns ``(module, example_inputs)`` and may accept ``batch`` / ``seq_len`` keywords. The
+A spec is a built-in name (``tiny``), ``builtin:tiny``, ``path/to/file.py:factory`` where the
+factory returns ``(module, example_inputs)`` and may accept ``batch`` / ``seq_len`` keywords, or a
+Hugging Face directory (``hf:<dir>#graph=...``, see :mod:`dsa_export.hf.source`). The
 spec is stored in the exported file's metadata so ``validate`` can rebuild the reference.
 """
 
@@ -26,6 +27,14 @@ class ModelSource:
     output_names: list[str] = field(default_factory=lambda: ["logits"])
     config: dict | None = None
     file_sha256: str | None = None
+    #: Inputs the module takes positionally, in this order (None: keyword arguments).
+    input_names: list[str] | None = None
+    #: ``{input: {axis: dim name}}``; None: axis 0 is "batch", axis 1 "sequence".
+    dynamic_axes: dict[str, dict[int, str]] | None = None
+    #: The module validation compares against when it is not ``module`` itself (e.g. transformers).
+    reference_module: Any = None
+    #: Makes inputs of another shape when the source is neither built-in nor a factory.
+    make_inputs: Any = None
 
     def inputs_for(self, batch: int, seq_len: int, seed: int = 0) -> dict[str, Any]:
         """Inputs of another shape: rebuilt for built-ins, by calling the factory again for files."""
@@ -120,15 +129,16 @@ def resolve(spec: str | None, *, batch: int = 2, seq_len: int = 64, seed: int = 
         source.output_names = names or source.output_names
         source._factory = factory  # type: ignore[attr-defined]
         return source
-    if Path(spec).is_dir():
-        raise DSAUserError(
-            f"'{spec}' is a directory; Hugging Face checkpoints are not supported by this version, "
-            "pass a built-in model name or path/file.py:factory."
-        )
+    if spec.startswith("hf:") or Path(spec).is_dir():
+        from dsa_export.hf.source import format_spec, hf_source
+
+        return hf_source(spec if spec.startswith("hf:") else format_spec(spec), batch=batch, seq_len=seq_len, seed=seed)
     return _builtin(spec, batch, seq_len, seed)
 
 
 def _inputs_for(source: ModelSource, batch: int, seq_len: int, seed: int) -> dict[str, Any]:
+    if source.make_inputs is not None:
+        return source.make_inputs(batch, seq_len, seed)
     if source.spec.startswith("builtin:"):
         from dsa_export.nn import example_inputs
 

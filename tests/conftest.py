@@ -28,3 +28,11 @@ def exported(tmp_path_factory, tiny_source):
         model = export_model(tiny_source, ExportSettings(ops=mode))
         paths[mode] = save_model(model, out / f"tiny-{mode}.onnx")
     return paths
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory):
+    """``(BuildResult, progress lines)`` of ``dsa-export build`` with no MODEL (the README's demo)."""
+    from tests.build_fixtures import build_demo
+
+    return build_demo(tmp_path_factory.mktemp("demo") / "demo")

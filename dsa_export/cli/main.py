@@ -18,9 +18,13 @@ from dsa_export.errors import DSAUsageError, DSAUserError
 # name -> (module, one-line help). Keep sorted by pipeline order.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("dsa_export.cli.export_cmd", "Export a model to ONNX with DSA custom ops."),
+    "calibrate": ("dsa_export.cli.calibrate_cmd", "Calibrate an exported model into INT8/FP8 Q/DQ ONNX."),
     "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
     "inspect": ("dsa_export.cli.inspect_cmd", "Show the ops, custom nodes, I/O and metadata of an ONNX file."),
+    "build": ("dsa_export.cli.build_cmd", "Build an engine, an ONNX Runtime artifact and a manifest."),
+    "run": ("dsa_export.cli.run_cmd", "Run a built engine or ONNX Runtime artifact."),
     "check": ("dsa_export.cli.check_cmd", "Check the GPU software stack before a build or engine load."),
+    "plugins": ("dsa_export.cli.plugins_cmd", "Build the CUDA/TensorRT plugin libraries and find them."),
     "bench": ("dsa_export.cli.bench_cmd", "Time a DSA layer against dense attention across sequence lengths."),
 }
 

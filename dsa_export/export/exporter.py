@@ -40,18 +40,21 @@ META_SETTINGS = "dsa_export.export_settings"
 META_FILE_SHA = "dsa_export.reference_sha256"
 
 
-def _dynamic_shapes(inputs: dict) -> dict:
+def _dynamic_shapes(inputs: dict, axes: dict[str, dict[int, str]] | None = None) -> dict:
+    """torch.export dims per input: the source's named axes, else batch on axis 0, sequence on 1."""
     import torch
 
-    batch, seq = torch.export.Dim(BATCH_DIM), torch.export.Dim(SEQ_DIM)
+    dims: dict[str, object] = {}
+
+    def dim(name: str):
+        return dims.setdefault(name, torch.export.Dim(name))
+
     shapes = {}
     for name, value in inputs.items():
-        dims = {}
-        if value.dim() >= 1:
-            dims[0] = batch
-        if value.dim() >= 2:
-            dims[1] = seq
-        shapes[name] = dims
+        if axes is not None:
+            shapes[name] = {axis: dim(label) for axis, label in axes.get(name, {}).items()}
+            continue
+        shapes[name] = {axis: dim(label) for axis, label in ((0, BATCH_DIM), (1, SEQ_DIM)) if value.dim() > axis}
     return shapes
 
 
@@ -65,6 +68,13 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
     dtype = getattr(torch, DTYPES[settings.dtype])
     module = source.module.to(dtype)
     inputs = _cast_inputs(source.example_inputs, dtype)
+    shapes = _dynamic_shapes(inputs, source.dynamic_axes)
+    if source.input_names is not None:  # a module taking its inputs positionally
+        args, kwargs = tuple(inputs[n] for n in source.input_names), None
+        # torch.export sees a ``forward(*args)`` signature as one tuple argument.
+        shapes = (tuple(shapes[n] for n in source.input_names),)
+    else:
+        args, kwargs = (), inputs
     # The exporter prints progress and warnings of its own (torchvision absent, constant folding of
     # Split); route them to our log instead of the user's terminal.
     sink = io.StringIO()
@@ -75,9 +85,10 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
         try:
             program = torch.onnx.export(
                 module,
-                (),
-                kwargs=inputs,
-                dynamic_shapes=_dynamic_shapes(inputs),
+                args,
+                kwargs=kwargs,
+                dynamic_shapes=shapes,
+                input_names=source.input_names,
                 custom_translation_table=translation_table(),
                 opset_version=settings.opset,
                 dynamo=True,
@@ -164,7 +175,7 @@ def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportS
         ),
     }
     if source.config is not None:
-        props[META_CONFIG] = json.dumps(source.config, sort_keys=True)
+        props[META_CONFIG] = json.dumps(source.config, sort_keys=True, default=str)
     if source.file_sha256:
         props[META_FILE_SHA] = source.file_sha256
     for key, value in props.items():
@@ -201,25 +212,62 @@ def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelPro
     _set_metadata(model, source, settings)
     if settings.ops == "native":
         model = inline_custom_ops(model)
+    if initializer_bytes(model) < EXTERNAL_DATA_BYTES:
+        _check(model)
+    # else: protobuf cannot serialize it in one piece; save_model checks the saved file instead.
+    return model
+
+
+#: Past this many weight bytes a model is saved with external data (protobuf's 2 GB limit).
+EXTERNAL_DATA_BYTES = 2**31 - 2**27
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for tensor in model.graph.initializer:
+        if tensor.raw_data:
+            total += len(tensor.raw_data)
+        else:
+            n = 1
+            for d in tensor.dims:
+                n *= d
+            total += n * 4
+    return total
+
+
+def _check(model: onnx.ModelProto | str) -> None:
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise RuntimeError(f"the exported model fails onnx.checker: {exc}") from exc
-    return model
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
-    """Write ``model`` atomically; weights go to ``<name>.data`` beside it once past 2 GB."""
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
+               external_data_bytes: int = EXTERNAL_DATA_BYTES) -> Path:
+    """Write ``model`` atomically; its weights go to ``<name>.data`` beside it when they exceed
+    ``external_data_bytes`` (protobuf cannot hold more than 2 GB in one message). In that case the
+    model's tensors are turned into external references in place, as ``onnx.save_model`` does."""
+    import shutil
+    import tempfile
+
     from dsa_export.fileio import atomic_output
 
     path = Path(path)
-    external = model.ByteSize() > (2**31 - 2**20)
-    with atomic_output(path, extra_suffixes=(".data",) if external else ()) as tmp:
-        if external:
-            # Relative location resolves beside the final file after the rename.
-            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=path.name + ".data")
-            os.replace(tmp.parent / (path.name + ".data"), Path(str(tmp) + ".data"))
-        else:
+    if initializer_bytes(model) < external_data_bytes:
+        with atomic_output(path) as tmp:
             onnx.save_model(model, tmp)
+        return path
+    # Two files: write both under their final names in a hidden sibling folder, check them there,
+    # then move the data first and the model last, so a reader never sees a model without its data.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        data_name = path.name + ".data"
+        onnx.save_model(model, staging / path.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        _check(str(staging / path.name))
+        os.replace(staging / data_name, path.parent / data_name)
+        os.replace(staging / path.name, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path

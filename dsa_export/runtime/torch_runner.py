@@ -17,15 +17,18 @@ from polygraphy.datatype import DataType
 
 
 class TorchRunner(BaseRunner):
-    def __init__(self, module, input_metadata: TensorMetadata, output_names: list[str], name: str | None = None):
+    def __init__(self, module, input_metadata: TensorMetadata, output_names: list[str], name: str | None = None,
+                 input_order: list[str] | None = None):
         """
         Args:
             module: a callable ``torch.nn.Module`` taking the inputs as keyword arguments.
             input_metadata: names, dtypes and shapes of the inputs (as in the ONNX file).
             output_names: names given to the module's outputs, in order.
+            input_order: pass the inputs positionally in this order instead of by keyword.
         """
         super().__init__(name=name, prefix="torch-runner")
         self.module = module
+        self.input_order = input_order
         self.input_metadata = input_metadata
         self.output_names = list(output_names)
 
@@ -47,12 +50,17 @@ class TorchRunner(BaseRunner):
             kwargs[name] = tensor.to(float_dtype) if tensor.is_floating_point() else tensor
         start = time.perf_counter()
         with torch.no_grad():
-            outputs = self.module(**kwargs)
+            if self.input_order is not None:
+                outputs = self.module(*(kwargs[n] for n in self.input_order))
+            else:
+                outputs = self.module(**kwargs)
         self.inference_time = time.perf_counter() - start
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         elif isinstance(outputs, dict):
             outputs = tuple(outputs.values())
+        elif hasattr(outputs, "logits"):  # a transformers ModelOutput
+            outputs = (outputs.logits,)
         result = OrderedDict()
         for name, out in zip(self.output_names, outputs):
             out = out.detach().cpu()

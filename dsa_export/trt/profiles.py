@@ -17,8 +17,9 @@ class ShapeRange:
 
     def __post_init__(self) -> None:
         for name, (lo, opt, hi) in self.dims.items():
-            if not 1 <= lo <= opt <= hi:
-                raise DSAUserError(f"the shape range of '{name}' must satisfy 1 <= min <= opt <= max, got {lo}/{opt}/{hi}.")
+            # 0 is a valid minimum for cache lengths (the first decode step has no past).
+            if not (0 <= lo <= opt <= hi and hi >= 1):
+                raise DSAUserError(f"the shape range of '{name}' must satisfy 0 <= min <= opt <= max, max >= 1; got {lo}/{opt}/{hi}.")
 
 
 DEFAULT_RANGE = ShapeRange({"batch": (1, 1, 4), "sequence": (1, 128, 512)})

@@ -53,6 +53,8 @@ class ValidationSettings:
     rtol: float | None = None
     error_stat: str | None = None
     seed: int = 1
+    #: Minimum mean top-k overlap per layer with transformers' indexers (Hugging Face references).
+    min_topk_overlap: float = 0.99
 
 
 @dataclass
@@ -75,6 +77,9 @@ class ValidationReport:
     error_stat: str
     runners: list[str]
     errors: list[OutputError] = field(default_factory=list)
+    #: {seq_len: {layer: overlap}} of top-k selections against transformers' indexers (HF models).
+    topk_overlap: dict[int, dict[int, float]] = field(default_factory=dict)
+    min_topk_overlap: float | None = None
     passed: bool = False
 
     def to_json(self) -> str:
@@ -87,6 +92,9 @@ class ValidationReport:
             f"{'PASS' if e.passed else 'FAIL'}"
             for e in self.errors
         ]
+        for seq_len, layers in self.topk_overlap.items():
+            cells = ", ".join(f"L{layer}: {value:.4f}" for layer, value in layers.items())
+            rows.append(f"{seq_len:>7}  top-k overlap with transformers ({cells})")
         verdict = "PASSED" if self.passed else "FAILED"
         return "\n".join([header, *rows, f"{verdict}: {self.runners[1]} vs {self.runners[0]} "
                           f"({self.error_stat} error within atol={self.atol:g}/rtol={self.rtol:g}, {self.dtype} file, "
@@ -105,9 +113,9 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
         raise DSAUserError(f"'{path}' records no reference model; pass one with --reference MODEL.")
     source = resolve(spec, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed)
     if settings.reference is None and META_CONFIG in meta and source.config is not None:
-        if json.loads(meta[META_CONFIG]) != source.config:
+        if json.loads(meta[META_CONFIG]) != json.loads(json.dumps(source.config, sort_keys=True, default=str)):
             raise DSAUserError(
-                f"the built-in '{spec}' no longer matches the config recorded in '{path}'; "
+                f"the reference '{spec}' no longer matches the config recorded in '{path}'; "
                 "re-export the model or pass --reference."
             )
     if META_FILE_SHA in meta and source.file_sha256 and meta[META_FILE_SHA] != source.file_sha256:
@@ -149,7 +157,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
         feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
 
-    torch_runner = TorchRunner(source.module, metadata_from_onnx(model), output_names, name="torch")
+    reference = source.reference_module or source.module
+    order = source.input_names if reference is source.module else (list(source.input_names or []) or None)
+    torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name="torch", input_order=order)
     if dtype == "bf16":
         import onnxruntime
 
@@ -163,6 +173,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     G_LOGGER.module_severity = G_LOGGER.ERROR
     try:
         results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+        canonicalize_selections(results, selection_outputs(model))
         compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
@@ -182,6 +193,15 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
                 max_rel=float(rel.max()), passed=_within(diff, rel, ref, atol, rtol, error_stat),
             ))
+    hf_reference = getattr(source, "hf_reference", None)
+    if hf_reference is not None and source.reference_module is not None:
+        from dsa_export.hf.overlap import topk_overlap
+
+        for seq_len, feed in zip(settings.seq_lens, feeds):
+            tensors = {k: torch.from_numpy(v) for k, v in feed.items()}
+            report.topk_overlap[seq_len] = topk_overlap(path, hf_reference, tensors)
+        report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
+        report.passed = report.passed and report.min_topk_overlap >= settings.min_topk_overlap
     report.passed = report.passed and all(e.passed for e in report.errors)
     return report
 
@@ -191,6 +211,27 @@ def _within(diff: np.ndarray, rel: np.ndarray, ref: np.ndarray, atol: float, rto
         return bool(np.all(diff <= atol + rtol * np.abs(ref)))
     reduce = {"max": np.max, "mean": np.mean, "median": np.median}[stat]
     return bool(reduce(diff) <= atol or reduce(rel) <= rtol)
+
+
+def selection_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that carry DSAIndexerTopK selections (directly or through Identity/Cast)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in ("Identity", "Cast") and node.domain in ("", "ai.onnx"):
+            node = producers.get(node.input[0])
+        if node is not None and node.domain == "dsa" and node.op_type == "DSAIndexerTopK":
+            found.add(output.name)
+    return found
+
+
+def canonicalize_selections(results, names: set[str]) -> None:
+    """Sort selection rows in place: their order is unspecified by the op contract (sets compare)."""
+    for _, iterations in results:
+        for outputs in iterations:
+            for name in names & set(outputs.keys()):
+                outputs[name] = np.sort(np.asarray(outputs[name]), axis=-1)
 
 
 def _to_numpy(tensor, dtype: str) -> np.ndarray:

@@ -135,3 +135,18 @@ def test_user_factory_model_exports_and_matches(tmp_path):
     with torch.no_grad():
         want = source.module(**inputs).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_large_models_are_saved_with_external_data(tmp_path, exported):
+    from dsa_export.export.exporter import save_model as save
+
+    model = _load(exported["plugin"])
+    path = save(model, tmp_path / "ext.onnx", external_data_bytes=1024)
+    data = tmp_path / "ext.onnx.data"
+    assert data.is_file() and data.stat().st_size > 900_000
+    assert path.stat().st_size < 200_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ext.onnx", "ext.onnx.data"]
+    inputs = resolve("tiny").inputs_for(1, 20)
+    (got,) = session(path).run(None, {"input_ids": inputs["input_ids"].numpy()})
+    (want,) = session(exported["plugin"]).run(None, {"input_ids": inputs["input_ids"].numpy()})
+    np.testing.assert_array_equal(got, want)

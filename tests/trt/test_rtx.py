@@ -37,3 +37,6 @@ def test_profile_needs_a_range_for_every_dynamic_dim(exported):
         input_profiles(onnx.load(str(exported["native"]), load_external_data=False), ShapeRange({"batch": (1, 1, 2)}))
     with pytest.raises(DSAUserError, match="min <= opt <= max"):
         ShapeRange({"batch": (2, 1, 4)})
+    with pytest.raises(DSAUserError, match="min <= opt <= max"):
+        ShapeRange({"batch": (-1, 1, 4)})
+    assert ShapeRange({"past_sequence": (0, 16, 128)}).dims["past_sequence"] == (0, 16, 128)

@@ -1,0 +1,596 @@
+"""``build``: export -> validate -> calibrate -> check -> engine, into one artifact folder.
+
+Everything is written into a temporary sibling of the output folder (``.<name>.build-XXXX``) and
+renamed onto it at the very end, after ``manifest.json``; any failure or Ctrl-C removes the
+temporary folder, so the output folder is either the complete new build or untouched. Each file
+inside is written with :func:`dsa_export.fileio.atomic_output` as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsa_export import __version__
+from dsa_export.build.settings import (
+    DEFAULT_PRECISION_CPU,
+    DEFAULT_PRECISION_TENSORRT,
+    DEFAULT_RTX_TARGETS,
+    BuildSettings,
+)
+from dsa_export.errors import DSAUserError
+from dsa_export.fileio import atomic_output, sha256_file
+from dsa_export.manifest import (
+    CALIBRATION_CACHE_NAME,
+    CALIBRATION_REPORT_NAME,
+    ENGINE_NAME,
+    MANIFEST_NAME,
+    ONNX_NAME,
+    QDQ_NAME,
+    SCHEMA_VERSION,
+    TIMING_CACHE_NAME,
+    VALIDATION_NAME,
+    TensorSpec,
+    write_manifest,
+)
+
+STAGES = ("export", "validate", "calibrate", "check", "engine")
+EXPORT_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "fp32", "fp8": "fp32"}
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: str  # done | skipped | failed
+    seconds: float
+    detail: str
+
+
+@dataclass
+class BackendPlan:
+    """Which artifacts this build makes, and why."""
+
+    engine: str | None  # "tensorrt" | "tensorrt-rtx" | None
+    onnxruntime: bool
+    reason: str
+    rtx_targets: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def backends(self) -> list[str]:
+        return [b for b in (self.engine, "onnxruntime" if self.onnxruntime else None) if b]
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    manifest: dict[str, Any]
+    stages: list[StageRecord]
+    seconds: float
+
+    def summary_table(self) -> str:
+        width = max(len(s.detail) for s in self.stages) if self.stages else 10
+        lines = [f"{'stage':<10} {'status':<8} {'time':>7}  result", f"{'-' * 10} {'-' * 8} {'-' * 7}  {'-' * min(width, 70)}"]
+        for s in self.stages:
+            lines.append(f"{s.name:<10} {s.status:<8} {s.seconds:>6.1f}s  {s.detail}")
+        files = sorted(str(p.relative_to(self.output)) for p in self.output.rglob("*") if p.is_file())
+        lines.append(f"Built {self.output} in {self.seconds:.1f} s: {', '.join(files)}")
+        return "\n".join(lines)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend choice
+
+
+def _rtx_supported_sms(probe) -> list[str]:
+    from dsa_export.compat.matrix import load_matrix
+
+    row = load_matrix().release_row("tensorrt_rtx", probe.version("tensorrt_rtx"))
+    return [str(sm) for sm in (row or {}).get("sm", [])]
+
+
+def _sm_name(cc: str) -> str:
+    return "SM" + cc.replace(".", "")
+
+
+def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
+    """Resolve ``settings.backend`` against what is installed here; ``auto`` says why it chose."""
+    gpus = probe.gpus
+    gpu = gpus[settings.device] if settings.device < len(gpus) else None
+    trt = probe.component("tensorrt")
+    rtx = probe.component("tensorrt_rtx")
+    rtx_note = "TensorRT-RTX loads no plugins, so the dsa nodes run as their ONNX function bodies"
+
+    def rtx_targets() -> tuple[tuple[str, ...], str]:
+        if settings.rtx_targets:
+            return tuple(settings.rtx_targets), "the compute capabilities asked for"
+        if gpu is not None and gpu.compute_capability:
+            if gpu.compute_capability in _rtx_supported_sms(probe):
+                return (_sm_name(gpu.compute_capability),), f"GPU {gpu.index} ({gpu.name})"
+            return (), f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) is not supported by TensorRT-RTX"
+        return DEFAULT_RTX_TARGETS, "no GPU is visible, so it is built ahead of time for the default target"
+
+    if settings.backend == "tensorrt":
+        return BackendPlan("tensorrt", False, "asked for with --backend tensorrt")
+    if settings.backend == "onnxruntime":
+        return BackendPlan(None, True, "asked for with --backend onnxruntime")
+    if settings.backend == "tensorrt-rtx":
+        targets, why = rtx_targets()
+        if not targets:
+            raise DSAUserError(f"Cannot build for TensorRT-RTX: {why}; pass --rtx-target (e.g. SM89) or use --backend tensorrt.")
+        return BackendPlan("tensorrt-rtx", False, f"asked for with --backend tensorrt-rtx; targets {', '.join(targets)} ({why}); {rtx_note}", targets)
+    # auto
+    if trt.found and gpu is not None:
+        return BackendPlan(
+            "tensorrt", True,
+            f"auto: TensorRT {trt.version} and GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) "
+            "are present: a TensorRT engine with the DSA plugins and the portable ONNX Runtime artifact",
+        )
+    missing = "TensorRT is not installed" if not trt.found else "no GPU is visible for TensorRT"
+    if rtx.found:
+        targets, why = rtx_targets()
+        if targets:
+            return BackendPlan(
+                "tensorrt-rtx", True,
+                f"auto: {missing} and TensorRT-RTX {rtx.version} is: a TensorRT-RTX engine for {', '.join(targets)} "
+                f"({why}) and the portable ONNX Runtime artifact; {rtx_note}",
+                targets,
+            )
+        return BackendPlan(None, True, f"auto: {missing} and {why}, so only the ONNX Runtime artifact")
+    return BackendPlan(None, True, f"auto: {missing} and TensorRT-RTX is not installed, so only the ONNX Runtime artifact")
+
+
+def default_precision(plan: BackendPlan) -> str:
+    return DEFAULT_PRECISION_TENSORRT if plan.engine == "tensorrt" else DEFAULT_PRECISION_CPU
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest pieces
+
+
+def _io_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    from onnx import helper
+
+    from dsa_export.export.exporter import META_CONFIG
+
+    meta = {p.key: p.value for p in model.metadata_props}
+    vocab = None
+    if META_CONFIG in meta:
+        try:
+            vocab = json.loads(meta[META_CONFIG]).get("vocab_size")
+        except (ValueError, AttributeError):
+            vocab = None
+    initializers = {i.name for i in model.graph.initializer}
+
+    def spec(value, is_input: bool) -> TensorSpec:
+        tensor_type = value.type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        shape = tuple(d.dim_param if d.dim_param else int(d.dim_value) for d in tensor_type.shape.dim)
+        value_range = None
+        if is_input and dtype.kind in "iu":
+            value_range = (0, int(vocab)) if vocab and "id" in value.name else (0, 2)
+        return TensorSpec(value.name, str(dtype), shape, value_range)
+
+    inputs = [spec(v, True) for v in model.graph.input if v.name not in initializers]
+    outputs = [spec(v, False) for v in model.graph.output]
+    return inputs, outputs
+
+
+def _plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, str | None, str | None]:
+    """(path, sha256, reason when absent) of our plugin library of ``kind``."""
+    from dsa_export.plugins import LIBRARY_NAMES, find_library, library_info
+
+    if settings.plugin_library is not None:
+        path = Path(settings.plugin_library)
+        if not path.is_file():
+            raise DSAUserError(f"--plugins {path} does not exist; pass the built libdsa_plugins.so.")
+        if kind == "static" and path.name != LIBRARY_NAMES["static"]:
+            sibling = path.with_name(LIBRARY_NAMES["static"])  # ONNX Runtime only dlopens: needs self-registration
+            if not sibling.is_file():
+                return None, None, f"no {LIBRARY_NAMES['static']} next to {path}"
+            path = sibling
+        return path.resolve(), library_info(path).sha256, None
+    path = find_library(kind)  # type: ignore[arg-type]
+    if path is None:
+        return None, None, "not built (run `dsa-export plugins build`)"
+    return path, library_info(path).sha256, None
+
+
+def _load_onnx(path: Path):
+    """The graph of a user-supplied .onnx (no external data), or a one-sentence error."""
+    import onnx
+
+    if not path.is_file():
+        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file or a MODEL.")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}); pass an exported .onnx.") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+class _Pipeline:
+    def __init__(self, settings: BuildSettings, work: Path, log: Callable[[str], None]):
+        self.settings = settings
+        self.work = work
+        self.log = log
+        self.stages: list[StageRecord] = []
+        self.manifest: dict[str, Any] = {}
+
+    def stage(self, name: str, fn: Callable[[], tuple[str, str]]) -> None:
+        index = STAGES.index(name) + 1
+        self.log(f"[{index}/{len(STAGES)}] {name} ...")
+        start = time.perf_counter()
+        try:
+            status, detail = fn()
+        except BaseException:
+            self.stages.append(StageRecord(name, "failed", time.perf_counter() - start, ""))
+            raise
+        record = StageRecord(name, status, time.perf_counter() - start, detail)
+        self.stages.append(record)
+        self.log(f"[{index}/{len(STAGES)}] {name}: {status} in {record.seconds:.1f} s: {detail}")
+
+    def run(self, probe) -> None:
+        import onnx
+
+        s = self.settings
+        plan = plan_backends(s, probe)
+        precision = s.precision or default_precision(plan)
+        if s.model_is_onnx:
+            from dsa_export.trt.tensorrt import file_precision
+
+            typed = file_precision(_load_onnx(Path(str(s.model))))
+            if s.precision is None and precision in EXPORT_DTYPES and typed != precision:
+                precision = typed  # a supplied file keeps its own float type
+            elif precision in ("fp32", "fp16", "bf16") and typed != precision and plan.engine != "tensorrt":
+                raise DSAUserError(
+                    f"'{s.model}' is {typed} but --precision {precision} was asked, and only TensorRT 10 can lower "
+                    f"a file's precision at build time; give MODEL instead of the .onnx to export it at {precision}."
+                )
+        self.log(f"Plan: {', '.join(plan.backends)} at {precision} ({plan.reason}).")
+        # The rules are cheap once probed: a blocked build fails here, before minutes of export,
+        # and the check stage records the same reports in pipeline order.
+        from dsa_export.compat import CheckSettings, require_no_blocking, run_checks
+
+        reports = {
+            backend: run_checks(CheckSettings(for_build=True, backend=backend, precision=precision, device=s.device), probe)
+            for backend in plan.backends
+        }
+        if not s.skip_checks:
+            for report in reports.values():
+                require_no_blocking(report)
+        onnx_path = self.work / ONNX_NAME
+        state: dict[str, Any] = {"engine_input": onnx_path}
+
+        # 1. export -------------------------------------------------------------------------
+        def export() -> tuple[str, str]:
+            if s.model_is_onnx:
+                src = Path(str(s.model))
+                if not src.is_file():
+                    raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
+                with atomic_output(onnx_path) as tmp:
+                    shutil.copyfile(src, tmp)
+                if Path(str(src) + ".data").is_file():
+                    raise DSAUserError(f"'{src}' keeps its weights in external data; models over 2 GB are not supported by build yet.")
+                state["source"] = str(src.resolve())
+                return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}"
+            from dsa_export.export import ExportSettings, export_model, save_model
+            from dsa_export.sources import resolve
+
+            export_settings = ExportSettings(ops="plugin", dtype=EXPORT_DTYPES[precision])
+            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len, seed=export_settings.seed)
+            model = export_model(source, export_settings)
+            save_model(model, onnx_path)
+            state["source"] = source.spec
+            custom = sum(1 for n in model.graph.node if n.domain == "dsa")
+            return "done", f"{source.spec} -> {ONNX_NAME} (plugin ops, {custom} dsa nodes, {export_settings.dtype})"
+
+        self.stage("export", export)
+        model = onnx.load(str(onnx_path), load_external_data=False)
+        meta = {p.key: p.value for p in model.metadata_props}
+
+        # 2. validate -----------------------------------------------------------------------
+        def validate() -> tuple[str, str]:
+            from dsa_export.export.exporter import META_SETTINGS, META_SPEC
+
+            dtype = json.loads(meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
+            if not s.validate:
+                state["validation"] = {"skipped": True, "reason": "--no-validate"}
+                return "skipped", "--no-validate"
+            if META_SPEC not in meta:
+                state["validation"] = {"skipped": True, "reason": "the file records no torch reference"}
+                return "skipped", "the supplied file records no torch reference"
+            if dtype == "bf16":
+                state["validation"] = {"skipped": True, "reason": "ONNX Runtime's CPU provider has no bf16 kernels"}
+                return "skipped", "bf16: ONNX Runtime's CPU provider has no bf16 kernels"
+            from dsa_export.validate import ValidationSettings, validate_onnx
+
+            report = validate_onnx(onnx_path, ValidationSettings(seq_lens=tuple(s.validation_seq_lens)))
+            with atomic_output(self.work / VALIDATION_NAME) as tmp:
+                tmp.write_text(report.to_json() + "\n", encoding="utf-8")
+            worst = max(report.errors, key=lambda e: e.max_abs)
+            state["validation"] = {
+                "skipped": False, "report": VALIDATION_NAME, "passed": report.passed, "runners": report.runners,
+                "reference": report.reference, "seq_lens": list(s.validation_seq_lens), "atol": report.atol,
+                "rtol": report.rtol, "error_stat": report.error_stat, "max_abs": worst.max_abs,
+            }
+            if not report.passed:
+                raise DSAUserError(
+                    f"Validation failed: ONNX Runtime differs from torch beyond atol={report.atol:g}/rtol={report.rtol:g} "
+                    f"(worst '{worst.output}' at seq_len {worst.seq_len}, max abs {worst.max_abs:.3e}); nothing was built."
+                )
+            return "done", (f"{report.runners[1]} vs {report.runners[0]} at seq {','.join(map(str, s.validation_seq_lens))}: "
+                            f"PASSED ({report.error_stat} within atol {report.atol:g}; max abs {worst.max_abs:.2e}) "
+                            f"-> {VALIDATION_NAME}")
+
+        self.stage("validate", validate)
+
+        # 3. calibrate ----------------------------------------------------------------------
+        def calibrate() -> tuple[str, str]:
+            from dsa_export.trt.tensorrt import has_qdq
+
+            if precision not in ("int8", "fp8"):
+                state["calibration"] = None
+                return "skipped", f"{precision} needs no calibration"
+            if has_qdq(model):
+                state["calibration"] = {"supplied": True, "model": ONNX_NAME}
+                return "skipped", "the supplied file already has Q/DQ nodes"
+            from dsa_export.build.calibrate import calibrate as run_calibration
+
+            outcome = run_calibration(
+                onnx_path, self.work / QDQ_NAME, precision, data=s.calibration_data,
+                cache=self.work / CALIBRATION_CACHE_NAME, report=self.work / CALIBRATION_REPORT_NAME,
+            )
+            state["engine_input"] = outcome.model
+            state["calibration"] = {
+                **outcome.provenance, "model": QDQ_NAME, "model_sha256": sha256_file(outcome.model),
+                "cache": outcome.cache.name if outcome.cache else None,
+                "report": outcome.report.name if outcome.report else None,
+            }
+            verdict = {True: "report passed", False: f"report FAILED (see {CALIBRATION_REPORT_NAME})", None: "no report"}
+            return "done", f"{precision} Q/DQ -> {QDQ_NAME}; {verdict[outcome.provenance.get('report_passed')]}"
+
+        self.stage("calibrate", calibrate)
+
+        # 4. check --------------------------------------------------------------------------
+        def check() -> tuple[str, str]:
+            from dsa_export.compat import manifest_record
+
+            records: dict[str, Any] = {}
+            summary = []
+            for backend, report in reports.items():
+                records[backend] = manifest_record(None if s.skip_checks else report, skipped=s.skip_checks)
+                records[backend]["blocking"] = [f.id for f in report.blocking]
+                summary.append(f"{backend}: {'ok' if report.ok else 'blocked (ignored: --skip-checks)'}"
+                               f" ({len(report.findings)} findings)")
+            state["checks"] = records
+            return ("skipped" if s.skip_checks else "done"), "; ".join(summary)
+
+        self.stage("check", check)
+
+        # 5. engine -------------------------------------------------------------------------
+        def engine() -> tuple[str, str]:
+            from dsa_export.trt.profiles import input_profiles
+
+            engine_input = Path(state["engine_input"])
+            engine_model = onnx.load(str(engine_input), load_external_data=False)
+            profiles = input_profiles(engine_model, s.ranges)
+            state["profiles"] = profiles
+            details = []
+            if plan.engine == "tensorrt":
+                state["engine"] = self._tensorrt_engine(engine_input, precision, probe)
+                details.append(f"TensorRT {state['engine']['trt_version']} -> {ENGINE_NAME}")
+            elif plan.engine == "tensorrt-rtx":
+                state["engine"] = self._rtx_engine(engine_input, plan.rtx_targets)
+                details.append(f"TensorRT-RTX {state['engine']['trt_version']} for {', '.join(plan.rtx_targets)} -> {ENGINE_NAME}")
+            else:
+                state["engine"] = None
+            if plan.onnxruntime:
+                from dsa_export.build.onnxrt import write_artifact
+
+                lib, sha, reason = _plugin_library(s, "static")
+                state["onnxruntime"] = write_artifact(
+                    self.work, engine_input, precision=precision, profiles=profiles, plugin_library=lib,
+                    plugin_reason=reason, optimization=s.ort_optimization, optimization_level=s.optimization_level,
+                )
+                state["onnxruntime"]["plugin_library_sha256"] = sha
+                optimized = state["onnxruntime"]["optimized_model"]
+                details.append(f"ONNX Runtime -> {optimized or ONNX_NAME} + session.json")
+            return "done", "; ".join(details)
+
+        self.stage("engine", engine)
+        self.manifest = self._manifest(plan, precision, model, meta, state)
+        write_manifest(self.manifest, self.work / MANIFEST_NAME)
+
+    def _tensorrt_engine(self, onnx_path: Path, precision: str, probe) -> dict[str, Any]:
+        from dsa_export.trt.tensorrt import TensorRTBuildSettings, build_engine
+
+        s = self.settings
+        lib, sha, reason = _plugin_library(s, "plugin")
+        previous = s.output / TIMING_CACHE_NAME
+        cache_in = s.timing_cache if s.timing_cache is not None else (previous if previous.is_file() else None)
+        result = build_engine(onnx_path, TensorRTBuildSettings(
+            ranges=s.ranges, precision=precision, plugin_library=lib, timing_cache=cache_in,
+            version_compatible=s.version_compatible, hardware_compatibility=s.hardware_compatibility,
+            optimization_level=s.optimization_level,
+        ))
+        with atomic_output(self.work / ENGINE_NAME) as tmp:
+            tmp.write_bytes(result.engine)
+        if result.timing_cache:
+            with atomic_output(self.work / TIMING_CACHE_NAME) as tmp:
+                tmp.write_bytes(result.timing_cache)
+            if s.timing_cache is not None:
+                with atomic_output(s.timing_cache) as tmp:
+                    tmp.write_bytes(result.timing_cache)
+        gpus = probe.gpus
+        gpu = gpus[s.device] if s.device < len(gpus) else None
+        notes = []
+        if lib is None:
+            notes.append(f"plugin library {reason}; the dsa nodes were built from their function bodies")
+        elif result.plugin_layers == 0:
+            notes.append("the plugin library was loaded but TensorRT made no plugin layers (TensorRT before 10.15 "
+                         "inlines the function bodies)")
+        return {
+            "file": ENGINE_NAME,
+            "sha256": sha256_file(self.work / ENGINE_NAME),
+            "backend": "tensorrt",
+            "trt_version": result.version,
+            "compute_capability": [gpu.compute_capability] if gpu and gpu.compute_capability else [],
+            "hardware_compatibility": s.hardware_compatibility,
+            "version_compatible": s.version_compatible,
+            "plugin_library_sha256": sha if result.plugin_layers else None,
+            "plugin_library": str(lib) if lib else None,
+            "uses_plugins": bool(result.plugin_layers),
+            "plugin_layers": result.plugin_layers,
+            "strongly_typed": result.strongly_typed,
+            "builder_flags": result.builder_flags,
+            "optimization_level": s.optimization_level,
+            "timing_cache": TIMING_CACHE_NAME if result.timing_cache else None,
+            "timing_cache_reused": str(cache_in) if cache_in else None,
+            "layers": result.layers,
+            "gpu": gpu.name if gpu else None,
+            "notes": notes,
+        }
+
+    def _rtx_engine(self, onnx_path: Path, targets: tuple[str, ...]) -> dict[str, Any]:
+        from dsa_export.trt.rtx import build_engine
+
+        result = build_engine(onnx_path, self.settings.ranges, targets)
+        with atomic_output(self.work / ENGINE_NAME) as tmp:
+            tmp.write_bytes(result.engine)
+        capabilities = [f"{t[2:-1]}.{t[-1]}" for t in result.targets]
+        return {
+            "file": ENGINE_NAME,
+            "sha256": sha256_file(self.work / ENGINE_NAME),
+            "backend": "tensorrt-rtx",
+            "trt_version": result.version,
+            "compute_capability": capabilities,
+            "targets": list(result.targets),
+            "hardware_compatibility": "none",
+            "version_compatible": False,
+            "plugin_library_sha256": None,
+            "plugin_library": None,
+            "uses_plugins": False,
+            "strongly_typed": True,
+            "layers": result.layers,
+            "notes": [
+                "TensorRT-RTX supports no plugins: the dsa nodes were inlined from their ONNX function bodies "
+                "(dense masked attention, no O(L*k) saving)",
+                f"built ahead of time without a GPU for compute capability {', '.join(capabilities)}; TensorRT-RTX "
+                "runs on Turing, Ampere (consumer), Ada and Blackwell RTX GPUs, not on Hopper or A100",
+            ],
+        }
+
+    def _manifest(self, plan: BackendPlan, precision: str, model, meta: dict[str, str], state: dict[str, Any]) -> dict[str, Any]:
+        from dsa_export.export.exporter import META_MODE, META_OPS, META_SETTINGS
+
+        inputs, outputs = _io_specs(model)
+        profiles = state.get("profiles", {})
+        lib, sha, reason = _plugin_library(self.settings, "plugin")
+        engine = state.get("engine")
+        if engine is not None:
+            target = {"backend": engine["backend"], "compute_capability": engine["compute_capability"],
+                      "hardware_compatibility": engine["hardware_compatibility"]}
+        else:
+            target = {"backend": "onnxruntime", "compute_capability": [],
+                      "hardware_compatibility": "any (CPU, or the CUDA/TensorRT execution providers)"}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "dsa-export", "version": __version__},
+            "model": {
+                "source": state.get("source"),
+                "onnx": ONNX_NAME,
+                "sha256": sha256_file(self.work / ONNX_NAME),
+                "ops_mode": meta.get(META_MODE),
+                "op_versions": json.loads(meta.get(META_OPS, "{}")),
+                "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+                "export_settings": json.loads(meta.get(META_SETTINGS, "{}")),
+            },
+            "precision": precision,
+            "backends": plan.backends,
+            "backend_choice": {"requested": self.settings.backend, "reason": plan.reason},
+            "gpu_target": target,
+            "profiles": {
+                "dims": {name: list(r) for name, r in self.settings.ranges.dims.items()},
+                "inputs": {name: {"min": p[0], "opt": p[1], "max": p[2]} for name, p in profiles.items()},
+            },
+            "inputs": [i.to_dict() for i in inputs],
+            "outputs": [o.to_dict() for o in outputs],
+            "engine": engine,
+            "onnxruntime": state.get("onnxruntime"),
+            "plugin_library": {"path": str(lib) if lib else None, "sha256": sha, "reason": reason},
+            "calibration": state.get("calibration"),
+            "checks": state.get("checks"),
+            "validation": state.get("validation"),
+            "stages": [{"name": r.name, "status": r.status, "seconds": round(r.seconds, 2), "detail": r.detail}
+                       for r in self.stages],
+        }
+
+
+def _prepare_output(output: Path, force: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise DSAUserError(f"{output} is a file; -o takes a folder to build into.")
+    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file() and not force:
+        raise DSAUserError(
+            f"{output} exists, is not empty and holds no previous build; choose another -o or pass --force to replace it."
+        )
+
+
+def _apply_umask(folder: Path) -> None:
+    """Temporary files and folders are private (0600/0700); give the finished build the usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def build(settings: BuildSettings, log: Callable[[str], None] | None = None, probe=None) -> BuildResult:
+    """Run the pipeline into a temporary sibling of ``settings.output`` and rename it into place."""
+    log = log or _stderr
+    start = time.perf_counter()
+    output = settings.output
+    _prepare_output(output, settings.force)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
+    except OSError as exc:
+        raise DSAUserError(f"Cannot create the build folder next to {output} ({exc.strerror}); choose another -o.") from exc
+    try:
+        if probe is None:
+            from dsa_export.compat import probe_environment
+
+            log("Probing the environment ...")
+            probe = probe_environment()
+        pipeline = _Pipeline(settings, work, log)
+        pipeline.run(probe)
+        _apply_umask(work)
+        if output.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+            os.replace(output, old / "previous")
+            os.replace(work, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(work, output)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return BuildResult(output, pipeline.manifest, pipeline.stages, time.perf_counter() - start)
+
+
+__all__ = ["STAGES", "BackendPlan", "BuildResult", "StageRecord", "build", "plan_backends"]

@@ -1,0 +1,88 @@
+"""``dsa-export calibrate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dsa_export.errors import DSAUsageError
+
+
+@click.command(name="calibrate")
+@click.argument("onnx_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the Q/DQ .onnx file (written atomically).")
+@click.option("--precision", type=click.Choice(["int8", "fp8"]), default=None,
+              help="Quantized type (default: the recipe's; int8 without one).")
+@click.option("--method", type=click.Choice(["entropy", "percentile", "minmax"]), default=None,
+              help="How activation ranges are chosen (default: the recipe's; entropy without one).")
+@click.option("--data", default=None, metavar="DIR|SCRIPT|builtin",
+              help="A folder of .npz/.npy inputs, a Polygraphy data-loader script (file.py[:func]), "
+                   "or 'builtin' for the recipe's bundled demo inputs.")
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="Calibration samples taken from the data; the rest is held out for the report.")
+@click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=None,
+              help="Kept share of |x| in percent, for --method percentile.")
+@click.option("--exclude", multiple=True, metavar="PATTERN",
+              help="Keep matching nodes (fnmatch on node, output or weight name) in high precision; repeatable.")
+@click.option("--quantize-indexer/--no-quantize-indexer", default=None,
+              help="Also put Q/DQ on the q and k inputs of every DSAIndexerTopK (default: the recipe's).")
+@click.option("--keep-indexer-projections/--quantize-indexer-projections", default=None,
+              help="Keep the indexer's q/k projections (wq_b, wk) in high precision (default: the recipe's).")
+@click.option("--recipe", type=click.Path(dir_okay=False), default=None,
+              help="A calibration recipe (default: the bundled one matching the file).")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a TensorRT 10 INT8 calibration cache here.")
+@click.option("--from-cache", type=click.Path(dir_okay=False), default=None,
+              help="Take the INT8 scales from this TensorRT calibration cache instead of calibrating.")
+@click.option("--trt-version", default="10.3.0", show_default=True,
+              help="TensorRT version named in the cache header.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the accuracy report as JSON here.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
+            quantize_indexer, keep_indexer_projections, recipe, cache, from_cache, trt_version, report, progress) -> None:
+    """Calibrate ONNX_FILE (an fp32 export) and write it with explicit QuantizeLinear/DequantizeLinear.
+
+    Q/DQ goes on MatMul/Gemm inputs only (weights per-channel, activations per-tensor, both
+    symmetric); the dsa nodes, softmax, norms and the indexer's head-weight path stay in high
+    precision. Prints the accuracy report (cosine, SQNR, top-k overlap per DSA layer) and exits 1
+    when it fails its thresholds (the files are still written, for inspection).
+    """
+    from dsa_export.errors import DSAUserError
+    from dsa_export.quantize import QuantizeSettings, quantize, save
+    from dsa_export.quantize.cache import version_number
+
+    targets = [p.resolve() for p in (output, cache, report) if p is not None]
+    if onnx_file.resolve() in targets or len(set(targets)) != len(targets):
+        raise DSAUsageError("the input and the -o/--cache/--report paths must all differ.")
+    if data is None and from_cache is None:
+        raise DSAUsageError("give calibration data with --data DIR|SCRIPT|builtin (or scales with --from-cache).")
+    if cache is not None:
+        version_number(trt_version)  # refuse a bad version before any work
+    settings = QuantizeSettings(
+        precision=precision, method=method, data=data, samples=samples, percentile=percentile,
+        exclude=tuple(exclude), quantize_indexer=quantize_indexer,
+        keep_indexer_projections=keep_indexer_projections, recipe=recipe, from_cache=from_cache,
+        progress=progress,
+    )
+    if cache is not None and (precision or "int8") != "int8":
+        raise DSAUsageError("--cache writes INT8 scales for TensorRT 10; drop it or use --precision int8.")
+    result = quantize(onnx_file, settings)
+    save(result, output, cache=cache, report=report, trt_version=trt_version)
+    r = result.recipe
+    click.echo(
+        f"Wrote {output}: {r.precision} Q/DQ on {len(result.placement.targets)} MatMul/Gemm nodes "
+        f"({len(result.placement.skipped)} kept in high precision), "
+        + (f"scales from {from_cache}" if from_cache else f"{r.method} over {result.calibration_samples} samples")
+        + f", recipe '{r.name}'."
+    )
+    if cache is not None:
+        click.echo(f"Wrote {cache}: TensorRT {trt_version} INT8 calibration cache, {len(result.activation_scales)} tensors.")
+    if result.report is not None:
+        click.echo(result.report.table())
+        if report is not None:
+            click.echo(f"Wrote {report}.")
+        if not result.report.passed:
+            raise DSAUserError("the quantized model fails its accuracy thresholds (see the table above).")

@@ -1,0 +1,88 @@
+"""Load a local Hugging Face DeepSeek-V3.2 (``deepseek_v32``) or GLM-5 (``glm_moe_dsa``) directory.
+
+Weights are read from safetensors only; pickled checkpoints (.bin/.pt) are refused because
+unpickling executes code. Checkpoints stored in FP8 with block scales (as DeepSeek publishes them)
+are dequantized on load by transformers' fine-grained FP8 support when the user asks for it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsa_export.errors import DSAUserError, require
+
+SUPPORTED_TYPES = ("deepseek_v32", "glm_moe_dsa")
+HF_INSTALL = 'pip install "dsa-export[hf]"'
+
+
+@dataclass(frozen=True)
+class HFCheckpoint:
+    path: Path
+    model_type: str
+    config: dict
+    fp8: bool
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
+    """Read config.json and the weight files' kind; refuse what we cannot load safely."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise DSAUserError(f"'{path}' has no config.json; pass a Hugging Face model directory.")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DSAUserError(f"'{config_file}' is not valid JSON ({exc.msg} at line {exc.lineno}).") from exc
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_TYPES:
+        raise DSAUserError(
+            f"'{path}' holds a '{model_type}' model; dsa-export reads {' and '.join(SUPPORTED_TYPES)} checkpoints."
+        )
+    if not list(path.glob("*.safetensors")):
+        pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+        if pickled:
+            raise DSAUserError(
+                f"'{path}' stores its weights as pickle ({pickled[0]}), which dsa-export never loads because "
+                "unpickling runs code; convert them to safetensors first."
+            )
+        raise DSAUserError(f"'{path}' has no .safetensors weight files.")
+    quant = config.get("quantization_config") or {}
+    fp8 = quant.get("quant_method") == "fp8"
+    return HFCheckpoint(path=path, model_type=model_type, config=config, fp8=fp8)
+
+
+def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "float32"):
+    """The transformers ``*ForCausalLM`` of ``path`` in eval mode, with eager attention."""
+    transformers = require("transformers", "Exporting Hugging Face checkpoints", HF_INSTALL)
+    import torch
+
+    ckpt = inspect_checkpoint(path)
+    kwargs = {"torch_dtype": getattr(torch, dtype), "attn_implementation": "eager"}
+    if ckpt.fp8:
+        if not dequantize_fp8:
+            raise DSAUserError(
+                f"'{path}' stores FP8 weights with block scales; pass --dequantize-fp8 to dequantize them on load."
+            )
+        quant = ckpt.config["quantization_config"]
+        kwargs["quantization_config"] = transformers.FineGrainedFP8Config(
+            dequantize=True, weight_block_size=tuple(quant.get("weight_block_size", (128, 128)))
+        )
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
+                                                                  **kwargs)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DSAUserError(f"transformers could not load '{path}': {first}") from exc
+    if ckpt.fp8:
+        model = model.to(getattr(torch, dtype))
+    return model.eval(), ckpt

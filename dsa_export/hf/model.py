@@ -1,0 +1,172 @@
+"""An export view of a transformers DeepSeek-V3.2 / GLM-5 model whose DSA layers run our ops.
+
+:class:`DSAExportModel` reuses the transformers modules (and so their weights) for embeddings,
+norms, MLP/MoE blocks, RoPE tables and the projections of attention and indexer, and replaces the
+attention computation: the indexer goes through ``dsa::indexer_topk`` and the main attention
+through ``dsa::sparse_attention`` in DeepSeek's absorbed MQA form (one latent key/value head, Dk =
+kv_lora_rank + qk_rope_head_dim, Dv = kv_lora_rank). So the exported graph has one DSAIndexerTopK
+per full indexer layer and one DSASparseAttention per layer.
+
+Three graph shapes:
+
+* ``prefill``: ``input_ids, attention_mask -> logits``;
+* ``decode``: additionally the per-layer caches ``past_latent_i [B,P,kv_lora+rope]`` and
+  ``past_index_keys_i [B,P,index_head_dim]`` in, ``present_*`` (``[B,P+S,...]``) out, with a
+  dynamic past length P (0 for the first step);
+* a layer slice ``A:B``: ``hidden_states [B,S,hidden], attention_mask`` (+ ``prev_topk_indices``
+  when layer A reuses an earlier layer's selection) ``-> hidden_states`` (+ ``topk_indices``).
+
+Padding follows transformers' attention_mask convention with right padding: key ``t`` of row
+``b`` is valid when ``t < attention_mask[b].sum()``. Left-padded or ragged decode batches are not
+representable by the op's ``lengths`` and are refused by the runtime helpers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
+
+
+def _rope_functions(model_type: str):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        apply_rotary_pos_emb,
+        apply_rotary_pos_emb_interleave,
+    )
+
+    return apply_rotary_pos_emb, apply_rotary_pos_emb_interleave
+
+
+class DSAExportModel(nn.Module):
+    def __init__(self, hf_model, *, graph: str = "prefill", layers: tuple[int, int] | None = None):
+        super().__init__()
+        cfg = hf_model.config
+        self.hf = hf_model
+        self.model_type = cfg.model_type
+        self.graph = graph
+        n = cfg.num_hidden_layers
+        self.start, self.stop = layers if layers is not None else (0, n)
+        if not 0 <= self.start < self.stop <= n:
+            raise ValueError(f"layer slice {self.start}:{self.stop} is outside 0:{n}")
+        self.is_slice = layers is not None and (self.start, self.stop) != (0, n)
+        self.indexer_types = list(getattr(cfg, "indexer_types", None) or ["full"] * n)
+        # GLM-5 applies interleaved RoPE in its indexer, DeepSeek-V3.2 the half-split layout; a config
+        # may say so explicitly.
+        default = self.model_type == "glm_moe_dsa"
+        self.indexer_interleave = bool(getattr(cfg, "indexer_rope_interleave", default))
+        self.apply_rope, self.apply_rope_interleave = _rope_functions(self.model_type)
+        self.needs_prev_indices = self.indexer_types[self.start] == "shared"
+        # A slice hands its last selection on when the next layer reuses it.
+        self.emits_indices = self.is_slice and self.stop < n and self.indexer_types[self.stop] == "shared"
+        if hasattr(hf_model, "set_experts_implementation"):
+            # The default grouped_mm experts have no ONNX translation; batched_mm exports.
+            hf_model.set_experts_implementation("batched_mm")
+
+    # -- naming helpers used by the exporter and the runtimes --------------------------------------
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(range(self.start, self.stop))
+
+    def input_names(self) -> list[str]:
+        names = ["hidden_states" if self.is_slice else "input_ids", "attention_mask"]
+        if self.is_slice and self.needs_prev_indices:
+            names.append("prev_topk_indices")
+        if self.graph == "decode":
+            for i in self.layer_ids:
+                names.append(f"past_latent_{i}")
+                if self.indexer_types[i] == "full":
+                    names.append(f"past_index_keys_{i}")
+        return names
+
+    def output_names(self) -> list[str]:
+        names = ["hidden_states_out" if self.is_slice else "logits"]
+        if self.emits_indices:
+            names.append("topk_indices")
+        if self.graph == "decode":
+            for i in self.layer_ids:
+                names.append(f"present_latent_{i}")
+                if self.indexer_types[i] == "full":
+                    names.append(f"present_index_keys_{i}")
+        return names
+
+    # -- the computation -------------------------------------------------------------------------
+    def _indexer(self, indexer, x, q_resid, cos, sin, past_keys, lengths):
+        b, s, _ = x.shape
+        cfg = self.hf.config
+        q = indexer.wq_b(q_resid).view(b, s, indexer.n_heads, indexer.head_dim)
+        rope = cfg.qk_rope_head_dim
+        q_rot, q_pass = q.split([rope, indexer.head_dim - rope], dim=-1)
+        k = indexer.k_norm(indexer.wk(x)).unsqueeze(2)  # [B,S,1,D]
+        k_rot, k_pass = k.split([rope, indexer.head_dim - rope], dim=-1)
+        apply = self.apply_rope_interleave if self.indexer_interleave else self.apply_rope
+        q_rot, k_rot = apply(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], dim=-1)
+        k_new = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)  # [B,S,D]
+        keys = k_new if past_keys is None else torch.cat([past_keys, k_new], dim=1)
+        w = indexer.weights_proj(x.to(indexer.weights_proj.weight.dtype)).float() * indexer.n_heads**-0.5
+        indices = dsa_indexer_topk(q, keys, w, lengths, topk=indexer.index_topk, scale=indexer.softmax_scale)
+        return indices, k_new
+
+    def _attention(self, attn, x, cos, sin, past_latent, past_index_keys, lengths, prev_indices):
+        b, s, _ = x.shape
+        h, nope, rope, v_dim, c = (attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim,
+                                   attn.v_head_dim, attn.kv_lora_rank)
+        q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+        q = attn.q_b_proj(q_resid).view(b, s, h, nope + rope)
+        q_nope, q_rot = q.split([nope, rope], dim=-1)
+        kv_pass, k_rot = attn.kv_a_proj_with_mqa(x).split([c, rope], dim=-1)
+        kv_pass = attn.kv_a_layernorm(kv_pass)
+        q_rot, k_rot = self.apply_rope_interleave(q_rot, k_rot.unsqueeze(2), cos, sin, unsqueeze_dim=2)
+        latent_new = torch.cat([kv_pass, k_rot.squeeze(2)], dim=-1)  # [B,S,C+rope]: what the cache holds
+        latent = latent_new if past_latent is None else torch.cat([past_latent, latent_new], dim=1)
+
+        index_keys_new = None
+        if attn.indexer is not None:
+            indices, index_keys_new = self._indexer(attn.indexer, x, q_resid, cos, sin, past_index_keys, lengths)
+        else:
+            indices = prev_indices
+
+        # Absorb W_UK into the queries and W_UV into the output (DeepSeek's MQA serving form).
+        w_kv = attn.kv_b_proj.weight.view(h, nope + v_dim, c)
+        w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]
+        q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B,S,H,C]
+        q_full = torch.cat([q_lat, q_rot], dim=-1)
+        out = dsa_sparse_attention(q_full, latent[:, :, None], latent[:, :, None, :c], indices, scale=attn.scaling)
+        out = torch.matmul(out.transpose(1, 2), w_uv.transpose(1, 2)).transpose(1, 2)  # [B,S,H,v]
+        return attn.o_proj(out.reshape(b, s, h * v_dim)), indices, latent, index_keys_new
+
+    def forward(self, *args: torch.Tensor):
+        names = self.input_names()
+        if len(args) != len(names):
+            raise TypeError(f"expected inputs {names}, got {len(args)} tensors")
+        feed = dict(zip(names, args))
+        model = self.hf.model
+        x = feed["hidden_states"] if self.is_slice else model.embed_tokens(feed["input_ids"])
+        b, s = x.shape[:2]
+        mask = feed["attention_mask"]
+        lengths = mask.sum(-1).to(torch.int32)  # valid keys per row (right padding)
+        past = feed.get(f"past_latent_{self.start}")
+        past_len = 0 if past is None else past.shape[1]
+        position_ids = (torch.arange(s, device=x.device) + past_len).unsqueeze(0).expand(b, -1)
+        cos, sin = model.rotary_emb(x, position_ids=position_ids)
+
+        prev = feed.get("prev_topk_indices")
+        presents = []
+        for i in self.layer_ids:
+            layer = model.layers[i]
+            attn_out, prev, latent, index_keys = self._attention(
+                layer.self_attn, layer.input_layernorm(x), cos, sin, feed.get(f"past_latent_{i}"),
+                feed.get(f"past_index_keys_{i}"), lengths, prev,
+            )
+            x = x + attn_out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if self.graph == "decode":
+                presents.append(latent)
+                if index_keys is not None:  # shared layers keep no indexer cache of their own
+                    past_keys = feed.get(f"past_index_keys_{i}")
+                    presents.append(index_keys if past_keys is None else torch.cat([past_keys, index_keys], dim=1))
+        outputs = [x if self.is_slice else self.hf.lm_head(model.norm(x))]
+        if self.emits_indices:
+            outputs.append(prev)
+        return tuple(outputs + presents)

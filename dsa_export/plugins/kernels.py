@@ -1,0 +1,173 @@
+"""ctypes binding of ``libdsa_kernels.so`` for torch CUDA tensors (tests, benchmarks, a torch GPU path).
+
+Independent of TensorRT: it passes ``tensor.data_ptr()`` and the current torch CUDA stream to the C
+ABI in ``plugins/api/dsa_kernels.h``. torch is imported only when a function is called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dsa_export.errors import DSAUserError
+from dsa_export.plugins.library import require_library
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+ABI_VERSION = 1
+
+_c_i64 = ctypes.c_int64
+_c_i32 = ctypes.c_int32
+_c_ptr = ctypes.c_void_p
+_c_size = ctypes.c_size_t
+
+
+class KernelError(RuntimeError):
+    """A kernel launch failed; the message is the library's ``dsa_last_error()``."""
+
+
+class KernelLibrary:
+    """The C ABI of ``libdsa_kernels.so``, loaded once per path."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None):
+        self.path = Path(path) if path is not None else require_library("kernels")
+        try:
+            self._lib = ctypes.CDLL(str(self.path))
+        except OSError as exc:
+            raise DSAUserError(f"Could not load {self.path}: {exc}.") from exc
+        lib = self._lib
+        lib.dsa_kernels_abi_version.restype = _c_i32
+        lib.dsa_status_string.restype = ctypes.c_char_p
+        lib.dsa_status_string.argtypes = [_c_i32]
+        lib.dsa_last_error.restype = ctypes.c_char_p
+        lib.dsa_indexer_topk_workspace_size.restype = _c_size
+        lib.dsa_indexer_topk_workspace_size.argtypes = [_c_i64] * 6
+        lib.dsa_indexer_topk_min_workspace_size.restype = _c_size
+        lib.dsa_indexer_topk_min_workspace_size.argtypes = [_c_i64]
+        lib.dsa_indexer_topk.restype = _c_i32
+        lib.dsa_indexer_topk.argtypes = [_c_ptr] * 5 + [_c_i64] * 6 + [ctypes.c_float, _c_i32, _c_i32, _c_i32,
+                                                                        _c_ptr, _c_size, _c_ptr]
+        lib.dsa_sparse_attention.restype = _c_i32
+        lib.dsa_sparse_attention.argtypes = [_c_ptr] * 5 + [_c_i64] * 8 + [ctypes.c_float, _c_i32, _c_ptr]
+        lib.dsa_sparse_attention_path.restype = _c_i32
+        lib.dsa_sparse_attention_path.argtypes = [_c_i64] * 4 + [_c_i32]
+        lib.dsa_indexer_topk_path.restype = _c_i32
+        lib.dsa_indexer_topk_path.argtypes = [_c_i64, _c_i64, _c_i32]
+        version = lib.dsa_kernels_abi_version()
+        if version != ABI_VERSION:
+            raise DSAUserError(
+                f"{self.path} has C ABI version {version}, this dsa-export expects {ABI_VERSION}; rebuild it with "
+                "`dsa-export plugins build`."
+            )
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def dtype_code(dtype: Any) -> int:
+        import torch
+
+        codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+        if dtype not in codes:
+            raise ValueError(f"unsupported dtype {dtype}; expected float32, float16 or bfloat16")
+        return codes[dtype]
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            message = (self._lib.dsa_last_error() or b"").decode(errors="replace")
+            name = self._lib.dsa_status_string(status).decode()
+            raise KernelError(f"{what} failed ({name}): {message}")
+
+    @staticmethod
+    def _stream(device: Any) -> int:
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
+
+    # -- ops -----------------------------------------------------------------------------------
+    def indexer_topk_workspace_size(self, B: int, S: int, T: int, H: int, D: int, topk: int) -> int:
+        return int(self._lib.dsa_indexer_topk_workspace_size(B, S, T, H, D, topk))
+
+    def indexer_topk(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        w: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        *,
+        topk: int,
+        scale: float,
+        causal: bool = True,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Indices [B,S,topk] int32 of the DSAIndexerTopK op (order within a row unspecified)."""
+        import torch
+
+        B, S, H, D = q.shape
+        T = k.shape[1]
+        if k.shape != (B, T, D) or w.shape != (B, S, H):
+            raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)}")
+        if k.dtype != q.dtype or w.dtype not in (q.dtype, torch.float32):
+            raise ValueError("k must have q's dtype and w q's dtype or float32")
+        q, k, w = q.contiguous(), k.contiguous(), w.contiguous()
+        if lengths is not None:
+            lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
+        out = torch.empty((B, S, topk), dtype=torch.int32, device=q.device)
+        if workspace is None:
+            ws_bytes = self.indexer_topk_workspace_size(B, S, T, H, D, topk)
+            workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=q.device)
+        ws_bytes = workspace.numel() * workspace.element_size()
+        status = self._lib.dsa_indexer_topk(
+            q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr() if lengths is not None else None,
+            out.data_ptr(), B, S, T, H, D, topk, float(scale), int(bool(causal)), self.dtype_code(q.dtype),
+            self.dtype_code(w.dtype), workspace.data_ptr(), ws_bytes, self._stream(q.device),
+        )
+        self._check(status, "dsa_indexer_topk")
+        return out
+
+    def sparse_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *, scale: float
+    ) -> torch.Tensor:
+        """Output [B,S,H,Dv] in q's dtype of the DSASparseAttention op."""
+        import torch
+
+        B, S, H, Dk = q.shape
+        T, Hkv = k.shape[1], k.shape[2]
+        Dv = v.shape[3]
+        K = indices.shape[2]
+        if k.shape != (B, T, Hkv, Dk) or v.shape != (B, T, Hkv, Dv) or indices.shape[:2] != (B, S):
+            raise ValueError(
+                f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                f"indices {tuple(indices.shape)}"
+            )
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise ValueError("q, k and v must share a dtype")
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        indices = indices.to(dtype=torch.int32).contiguous()
+        out = torch.empty((B, S, H, Dv), dtype=q.dtype, device=q.device)
+        status = self._lib.dsa_sparse_attention(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), indices.data_ptr(), out.data_ptr(),
+            B, S, T, H, Hkv, Dk, Dv, K, float(scale), self.dtype_code(q.dtype), self._stream(q.device),
+        )
+        self._check(status, "dsa_sparse_attention")
+        return out
+
+    def sparse_attention_path(self, H: int, Hkv: int, Dk: int, Dv: int, dtype: Any) -> str:
+        code = self._lib.dsa_sparse_attention_path(H, Hkv, Dk, Dv, self.dtype_code(dtype))
+        return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
+
+    def indexer_topk_path(self, H: int, D: int, dtype: Any) -> str:
+        code = self._lib.dsa_indexer_topk_path(H, D, self.dtype_code(dtype))
+        return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
+
+
+_loaded: dict[Path, KernelLibrary] = {}
+
+
+def load_kernels(path: str | os.PathLike[str] | None = None) -> KernelLibrary:
+    """The kernel library at ``path`` (default: :func:`find_library("kernels")`), loaded once."""
+    resolved = Path(path).resolve() if path is not None else require_library("kernels")
+    if resolved not in _loaded:
+        _loaded[resolved] = KernelLibrary(resolved)
+    return _loaded[resolved]

@@ -1,0 +1,320 @@
+"""``quantize()``: calibrate an exported fp32 file and write its explicit Q/DQ form.
+
+Stages, each testable alone: recipe -> placement (:mod:`.qdq`) -> data (:mod:`.calibrate`) ->
+ranges (ONNX Runtime's calibrators) -> Q/DQ graph -> accuracy report (:mod:`.report`) -> files.
+Everything is computed before anything is written, so bad data or a failed step leaves no output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.fileio import atomic_output
+from dsa_export.quantize import cache as trt_cache
+from dsa_export.quantize.calibrate import Feed, check_feeds, collect_amax, input_specs, load_feeds
+from dsa_export.quantize.fp8 import E4M3_MAX
+from dsa_export.quantize.precision import get_precision
+from dsa_export.quantize.qdq import Placement, insert_qdq, plan
+from dsa_export.quantize.recipe import DEFAULTS, Recipe, find_recipe, load_recipe
+from dsa_export.quantize.report import AccuracyReport, Thresholds, accuracy_report
+
+log = logging.getLogger(__name__)
+
+META_QUANT = "dsa_export.quantization"
+META_INDEXER_SCALES = "dsa_export.indexer_scales"
+META_SPEC = "dsa_export.reference"
+META_CONFIG = "dsa_export.model_config"
+BUILTIN_DATA = "builtin"
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """What ``calibrate`` was asked; ``None`` takes the recipe's value (then :data:`DEFAULTS`).
+
+    Attributes:
+        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections:
+            override the recipe.
+        exclude: extra fnmatch patterns of nodes kept in high precision (added to the recipe's).
+        data: a folder of .npz/.npy files, a Polygraphy data-loader script (``file.py[:func]``), or
+            ``builtin`` for the recipe's bundled data.
+        recipe: a recipe file; ``None`` picks the bundled one matching the file's metadata.
+        from_cache: a TensorRT calibration cache whose scales replace calibration (INT8 only).
+        report: compute the accuracy report (needs held-out inputs).
+        progress: show a progress bar while calibrating.
+    """
+
+    precision: str | None = None
+    method: str | None = None
+    data: str | None = None
+    samples: int | None = None
+    percentile: float | None = None
+    exclude: tuple[str, ...] = ()
+    quantize_indexer: bool | None = None
+    keep_indexer_projections: bool | None = None
+    recipe: str | None = None
+    from_cache: str | None = None
+    report: bool = True
+    progress: bool = False
+
+
+@dataclass
+class QuantizeResult:
+    model: onnx.ModelProto
+    recipe: Recipe
+    placement: Placement
+    activation_scales: dict[str, np.float32]
+    amax: dict[str, float] = field(default_factory=dict)
+    indexer_scales: dict[str, dict] = field(default_factory=dict)
+    report: AccuracyReport | None = None
+    calibration_samples: int = 0
+
+    def cache(self, trt_version: str = trt_cache.DEFAULT_TRT_VERSION) -> trt_cache.CalibrationCache:
+        """The TensorRT 10 INT8 cache of every activation that carries Q/DQ."""
+        if self.recipe.precision != "int8":
+            raise DSAUsageError("TensorRT calibration caches hold INT8 scales; use --precision int8 with --cache.")
+        return trt_cache.CalibrationCache(
+            scales={k: np.float32(v) for k, v in self.activation_scales.items()},
+            version=trt_cache.version_number(trt_version),
+        )
+
+
+def _metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
+
+
+def resolve_recipe(model: onnx.ModelProto, settings: QuantizeSettings) -> Recipe:
+    meta = _metadata(model)
+    if settings.recipe:
+        recipe = load_recipe(settings.recipe)
+    else:
+        model_type = None
+        if META_CONFIG in meta:
+            try:
+                model_type = json.loads(meta[META_CONFIG]).get("model_type")
+            except (json.JSONDecodeError, AttributeError):
+                model_type = None
+        recipe = find_recipe(meta.get(META_SPEC), model_type)
+    overrides = {
+        key: value for key, value in (
+            ("precision", settings.precision), ("method", settings.method), ("samples", settings.samples),
+            ("percentile", settings.percentile), ("quantize_indexer", settings.quantize_indexer),
+            ("keep_indexer_projections", settings.keep_indexer_projections),
+        ) if value is not None
+    }
+    if settings.exclude:
+        overrides["exclude"] = recipe.exclude + tuple(settings.exclude)
+    return replace(recipe, **overrides).check()
+
+
+def _load_model(path: Path) -> onnx.ModelProto:
+    from dsa_export.ops.onnx_ops import register_schemas
+
+    register_schemas()
+    if not path.is_file():
+        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file.")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:
+        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
+        raise DSAUserError(f"'{path}' already holds Q/DQ nodes; calibrate the fp32 export instead.")
+    return model
+
+
+def _data(settings: QuantizeSettings, recipe: Recipe, model: onnx.ModelProto) -> tuple[list[Feed], list[str]]:
+    specs = input_specs(model)
+    source = settings.data
+    if source == BUILTIN_DATA:
+        from dsa_export.quantize.recipe import CALIBRATION_DIR
+
+        if recipe.data_dir is None and not CALIBRATION_DIR.is_dir():
+            raise DSAUserError(
+                f"the bundled recipes and data ({CALIBRATION_DIR}) come with a source checkout and are not "
+                "installed here; pass --data DIR."
+            )
+        if recipe.data_dir is None:
+            raise DSAUserError(
+                f"recipe '{recipe.name}' bundles no calibration data; pass --data DIR (a folder of .npz/.npy files)."
+            )
+        if not recipe.data_dir.is_dir():
+            raise DSAUserError(f"the bundled calibration data '{recipe.data_dir}' is missing; pass --data DIR.")
+        source = str(recipe.data_dir)
+    feeds, labels = load_feeds(source, specs)
+    check_feeds(feeds, labels, specs)
+    return feeds, labels
+
+
+def _generated_eval_inputs(model: onnx.ModelProto, recipe: Recipe) -> tuple[list[Feed], list[str]]:
+    spec = _metadata(model).get(META_SPEC)
+    if not spec:
+        return [], []
+    from dsa_export.sources import resolve
+
+    ev = recipe.eval_inputs
+    try:
+        source = resolve(spec, batch=ev.batch, seq_len=ev.seq_lens[0], seed=ev.seed)
+    except DSAUserError as exc:  # e.g. a reference this installation cannot rebuild
+        log.warning("cannot generate held-out inputs from '%s' (%s)", spec, exc)
+        return [], []
+    names = [s.name for s in input_specs(model)]
+    feeds, labels = [], []
+    for i, seq_len in enumerate(ev.seq_lens):
+        inputs = source.inputs_for(ev.batch, seq_len, ev.seed + i)
+        if not set(names) <= set(inputs):
+            return [], []
+        feeds.append({n: inputs[n].detach().cpu().numpy() for n in names})
+        labels.append(f"{spec} batch {ev.batch} seq {seq_len} seed {ev.seed + i}")
+    return feeds, labels
+
+
+def indexer_scale_table(placement: Placement, amax: dict[str, float]) -> dict[str, dict]:
+    """The indexer q/k ranges in the form recorded as ``dsa_export.indexer_scales``."""
+    table = {}
+    for ix in placement.indexers:
+        entry = {}
+        for role, tensor in (("q", ix.q), ("k", ix.k)):
+            if tensor not in amax:
+                continue
+            a = float(amax[tensor])
+            fp8 = a / E4M3_MAX if a > 0 else 1.0
+            entry[role] = {
+                "tensor": tensor, "amax": a,
+                "int8_scale": float(np.float32(a / 127.0 if a > 0 else 1.0)),
+                "fp8_e4m3_scale": float(np.float32(fp8)),
+                # DeepSeek-V3.2 rounds FP8 scales up to a power of two.
+                "fp8_e4m3_scale_pow2": float(2.0 ** math.ceil(math.log2(fp8))),
+            }
+        table[ix.node] = entry
+    return table
+
+
+def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) -> QuantizeResult:
+    """Calibrate ``path`` (an fp32 export, plugin or native) and return its Q/DQ model and report."""
+    path = Path(path)
+    model = _load_model(path)
+    recipe = resolve_recipe(model, settings)
+    precision = get_precision(recipe.precision)
+    placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections)
+    if not placement.indexers:
+        log.warning("'%s' has no dsa::DSAIndexerTopK nodes, so the indexer's head weights cannot be told apart "
+                    "and no top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.", path)
+    if not placement.targets:
+        raise DSAUserError(f"'{path}' has no {'/'.join(recipe.op_types)} with a weight initializer left to quantize.")
+
+    extra: dict[str, list[int]] = {}
+    if recipe.quantize_indexer:
+        for i, node in enumerate(model.graph.node):
+            if any(ix.node == (node.name or f"{node.op_type}_{i}") for ix in placement.indexers):
+                extra.setdefault(node.input[0], []).append(i)
+                extra.setdefault(node.input[1], []).append(i)
+
+    feeds: list[Feed] = []
+    labels: list[str] = []
+    if settings.data is not None:
+        feeds, labels = _data(settings, recipe, model)
+    # Scales from a cache need no calibration data, so all of it can be held out.
+    first_held_out = 0 if settings.from_cache else recipe.samples
+    calib_feeds = [] if settings.from_cache else feeds[: recipe.samples]
+    held_out = feeds[first_held_out : first_held_out + recipe.eval_samples]
+    held_labels = labels[first_held_out : first_held_out + recipe.eval_samples]
+
+    amax: dict[str, float] = {}
+    if settings.from_cache:
+        if recipe.precision != "int8":
+            raise DSAUsageError("a TensorRT calibration cache holds INT8 scales; use --precision int8 with --from-cache.")
+        cache = trt_cache.read_cache(settings.from_cache)
+        needed = sorted({*placement.activations, *extra})
+        missing = [n for n in needed if n not in cache.scales]
+        if missing:
+            raise DSAUserError(
+                f"the cache '{settings.from_cache}' has no scale for {len(missing)} tensor(s) of this model "
+                f"(first: '{missing[0]}'); it was made for another file."
+            )
+        scales = {n: np.float32(cache.scales[n]) for n in needed}
+        for name in placement.indexer_activations:
+            if name in cache.scales:
+                amax[name] = float(cache.scales[name]) * 127.0
+        calibration_samples = 0
+    else:
+        if not calib_feeds:
+            raise DSAUserError("calibration needs data; pass --data DIR, a data-loader script, or --data builtin.")
+        tensors = sorted({*placement.activations, *placement.indexer_activations, *extra})
+        amax = collect_amax(path, calib_feeds, tensors, recipe.method, recipe.percentile, recipe.num_bins,
+                            progress=settings.progress)
+        scales = {n: precision.scale(amax[n])[()] for n in sorted({*placement.activations, *extra})}
+        calibration_samples = len(calib_feeds)
+
+    qmodel = insert_qdq(model, placement, scales, precision, extra)
+    indexer_scales = indexer_scale_table(placement, amax)
+    _set_metadata(qmodel, META_INDEXER_SCALES, json.dumps(indexer_scales, sort_keys=True))
+    _set_metadata(qmodel, META_QUANT, json.dumps({
+        "precision": recipe.precision,
+        "method": "trt-cache" if settings.from_cache else recipe.method,
+        "percentile": recipe.percentile if recipe.method == "percentile" else None,
+        "recipe": recipe.name,
+        "calibration_samples": calibration_samples,
+        "quantized_nodes": [t.node for t in placement.targets],
+        "high_precision_nodes": placement.skipped,
+        "quantize_indexer": recipe.quantize_indexer,
+        "keep_indexer_projections": recipe.keep_indexer_projections,
+        "placement": "weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only",
+    }, sort_keys=True))
+    try:
+        onnx.checker.check_model(qmodel, full_check=True)
+    except Exception as exc:  # a bug in the rewrite, not in the user's file
+        raise RuntimeError(f"the Q/DQ model fails onnx.checker: {exc}") from exc
+
+    report = None
+    if settings.report:
+        if not held_out:
+            held_out, held_labels = _generated_eval_inputs(model, recipe)
+        if held_out:
+            report = accuracy_report(
+                model, qmodel, held_out, held_labels, model_name=str(path), precision=recipe.precision,
+                method="trt-cache" if settings.from_cache else recipe.method,
+                calibration_samples=calibration_samples, thresholds=recipe.thresholds,
+            )
+        else:
+            log.warning("no held-out inputs (all data went to calibration and the file names no reference "
+                        "model), so no accuracy report; give more samples than --samples.")
+    return QuantizeResult(qmodel, recipe, placement, scales, amax, indexer_scales, report, calibration_samples)
+
+
+def save(
+    result: QuantizeResult,
+    output: str | Path,
+    *,
+    cache: str | Path | None = None,
+    report: str | Path | None = None,
+    trt_version: str = trt_cache.DEFAULT_TRT_VERSION,
+) -> None:
+    """Write the Q/DQ model and, if asked, the TensorRT cache and report JSON (each atomically)."""
+    cache_obj = result.cache(trt_version) if cache is not None else None
+    if report is not None and result.report is None:
+        raise DSAUserError("no accuracy report could be made (no held-out inputs); give more samples than --samples.")
+    with atomic_output(output) as tmp:
+        onnx.save(result.model, str(tmp))
+    if cache_obj is not None:
+        trt_cache.write_cache(cache_obj, cache)
+    if report is not None:
+        with atomic_output(report) as tmp:
+            tmp.write_text(result.report.to_json() + "\n", encoding="utf-8")
+
+
+__all__ = ["DEFAULTS", "QuantizeResult", "QuantizeSettings", "Thresholds", "quantize", "save"]

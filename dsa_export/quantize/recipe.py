@@ -1,0 +1,144 @@
+"""Calibration recipes: what to quantize, how to calibrate and how to judge, per model family.
+
+A recipe is a JSON file in ``calibration/`` at the repository root (see calibration/README.md).
+Every field is optional; :data:`DEFAULTS` fills the rest, and command-line options override both.
+A recipe names the models it serves in ``match`` (reference specs recorded by ``export`` and/or
+``model_type`` values of a Hugging Face config); ``calibrate`` picks the one matching the file's
+metadata unless ``--recipe`` names one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from dsa_export.errors import DSAUserError
+from dsa_export.quantize.calibrate import METHODS
+from dsa_export.quantize.report import Thresholds
+
+#: ``calibration/`` of a source checkout (the package sits next to it).
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
+PRECISIONS = ("int8", "fp8")
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    """Held-out inputs generated from the file's reference model when the data has none to spare."""
+
+    batch: int = 2
+    seq_lens: tuple[int, ...] = (48, 96, 160)
+    seed: int = 1000
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Attributes:
+        name: file stem, or ``defaults``.
+        precision: ``int8`` or ``fp8``.
+        method: ``entropy`` (TensorRT's KL threshold), ``percentile`` or ``minmax``.
+        percentile: for ``percentile``: the kept share of |x|, in percent.
+        num_bins: histogram bins for entropy/percentile.
+        samples: calibration samples taken from the data (the rest, up to ``eval_samples``, is held out).
+        eval_samples: most held-out samples taken from the data for the report.
+        op_types: ops whose inputs get Q/DQ.
+        exclude: fnmatch patterns of nodes (names, outputs or weight names) kept in high precision.
+        quantize_indexer: also put Q/DQ on the q and k inputs of every DSAIndexerTopK.
+        keep_indexer_projections: keep the indexer's q/k projections (wq_b, wk) in high precision;
+            they are small, and the top-k selection downstream of them is load-bearing.
+        data: the bundled data folder, relative to the recipe (what ``--data builtin`` means).
+        thresholds: pass marks of the accuracy report.
+        eval_inputs: how held-out inputs are generated from the reference model.
+        match: {"reference": [...], "model_type": [...]} of the models this recipe serves.
+        path: where the recipe was read from.
+    """
+
+    name: str = "defaults"
+    precision: str = "int8"
+    method: str = "entropy"
+    percentile: float = 99.99
+    num_bins: int = 2048
+    samples: int = 16
+    eval_samples: int = 8
+    op_types: tuple[str, ...] = ("MatMul", "Gemm")
+    exclude: tuple[str, ...] = ()
+    quantize_indexer: bool = False
+    keep_indexer_projections: bool = False
+    data: str | None = None
+    thresholds: Thresholds = Thresholds()
+    eval_inputs: EvalInputs = EvalInputs()
+    match: dict = field(default_factory=dict, compare=False)
+    path: Path | None = None
+
+    @property
+    def data_dir(self) -> Path | None:
+        if self.data is None:
+            return None
+        base = self.path.parent if self.path else CALIBRATION_DIR
+        return (base / self.data).resolve()
+
+    def check(self) -> Recipe:
+        where = f"recipe '{self.path or self.name}'"
+        if self.precision not in PRECISIONS:
+            raise DSAUserError(f"{where}: precision '{self.precision}' is unknown; use {' or '.join(PRECISIONS)}.")
+        if self.method not in METHODS:
+            raise DSAUserError(f"{where}: method '{self.method}' is unknown; use one of {', '.join(METHODS)}.")
+        if not 0 < self.percentile <= 100:
+            raise DSAUserError(f"{where}: percentile {self.percentile} is outside (0, 100].")
+        if self.samples < 1 or self.num_bins < 128 or self.eval_samples < 0:
+            raise DSAUserError(f"{where}: samples must be >= 1, eval_samples >= 0 and num_bins >= 128.")
+        return self
+
+
+DEFAULTS = Recipe()
+
+
+def _from_dict(data: dict, path: Path) -> Recipe:
+    known = {f.name for f in fields(Recipe)} - {"name", "path"}
+    unknown = sorted(set(data) - known - {"description"})
+    if unknown:
+        raise DSAUserError(f"recipe '{path}' has unknown field(s) {unknown}; known: {sorted(known)}.")
+    values = {k: v for k, v in data.items() if k in known}
+    try:
+        if "thresholds" in values:
+            values["thresholds"] = Thresholds(**values["thresholds"])
+        if "eval_inputs" in values:
+            ev = dict(values["eval_inputs"])
+            if "seq_lens" in ev:
+                ev["seq_lens"] = tuple(ev["seq_lens"])
+            values["eval_inputs"] = EvalInputs(**ev)
+    except TypeError as exc:
+        raise DSAUserError(f"recipe '{path}': {exc}.") from None
+    for key in ("op_types", "exclude"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return replace(DEFAULTS, name=path.stem, path=path, **values).check()
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    path = Path(path)
+    if not path.is_file():
+        raise DSAUserError(f"recipe '{path}' does not exist.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DSAUserError(f"recipe '{path}' is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    if not isinstance(data, dict):
+        raise DSAUserError(f"recipe '{path}' must be a JSON object.")
+    return _from_dict(data, path)
+
+
+def bundled_recipes() -> list[Recipe]:
+    if not CALIBRATION_DIR.is_dir():
+        return []
+    return [load_recipe(p) for p in sorted(CALIBRATION_DIR.glob("*.json"))]
+
+
+def find_recipe(reference: str | None, model_type: str | None) -> Recipe:
+    """The bundled recipe serving this model, or :data:`DEFAULTS`."""
+    for recipe in bundled_recipes():
+        if reference and reference in recipe.match.get("reference", []):
+            return recipe
+        if model_type and model_type in recipe.match.get("model_type", []):
+            return recipe
+    return DEFAULTS

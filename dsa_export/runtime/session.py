@@ -1,0 +1,129 @@
+"""One interface over the runtimes: ``load(artifact)`` returns a :class:`Session`.
+
+A session takes numpy inputs by name and returns numpy outputs by name, whatever runs underneath
+(ONNX Runtime on CPU/CUDA/TensorRT execution providers, a TensorRT or TensorRT-RTX engine).
+Loading an engine runs the engine gate first (:func:`dsa_export.compat.gate_engine`), so a
+mismatched TensorRT, GPU or plugin library is refused with its reason before deserialization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.manifest import (
+    ENGINE_NAME,
+    MANIFEST_NAME,
+    ORT_DIR,
+    Manifest,
+    TensorSpec,
+    make_inputs,
+    read_manifest,
+)
+
+RUNTIME_CHOICES = ("auto", "engine", "onnxruntime")
+
+
+@dataclass
+class Session:
+    """Base of the runtime sessions. Subclasses implement :meth:`_run`."""
+
+    kind: str  # e.g. "onnxruntime (cpu)", "tensorrt-rtx 1.7.1"
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    manifest: Manifest | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check the feeds against the inputs (names, ranks, profile) and run."""
+        names = [spec.name for spec in self.inputs]
+        unknown = sorted(set(feeds) - set(names))
+        if unknown:
+            raise DSAUserError(f"unknown input(s) {unknown}; this model takes {', '.join(names)}.")
+        self.check_shapes({name: tuple(np.shape(value)) for name, value in feeds.items()})
+        return self._run(feeds)
+
+    def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        from dsa_export.manifest import check_shapes
+
+        check_shapes(self.inputs, {}, shapes, self.kind)
+
+    def example_inputs(self, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Random inputs at the profile's opt shape (or ``dims``), as the manifest describes them."""
+        sizes = dict(self.manifest.opt_dims()) if self.manifest is not None else {}
+        sizes.update(dims or {})
+        return make_inputs(self.inputs, sizes, seed)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _looks_like_engine(path: Path) -> bool:
+    from dsa_export.compat.engine_gate import PLAN_MAGICS
+
+    with open(path, "rb") as handle:
+        return handle.read(4) in PLAN_MAGICS
+
+
+def load(artifact: str | Path, runtime: str = "auto", device: int = 0, **options: Any) -> Session:
+    """Open a build folder, an engine file, the ``onnxruntime/`` artifact or a plain .onnx.
+
+    ``runtime``: ``engine`` or ``onnxruntime`` to insist on one; ``auto`` takes the folder's engine
+    when the gate accepts it on this machine and otherwise its ONNX Runtime artifact, with a note
+    saying why.
+    """
+    if runtime not in RUNTIME_CHOICES:
+        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
+    path = Path(artifact)
+    if not path.exists():
+        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
+    from dsa_export.runtime import onnxrt
+
+    if path.is_file():
+        if path.suffix == ".onnx":
+            if runtime == "engine":
+                raise DSAUsageError(f"{path} is an ONNX file, not an engine; build one with `dsa-export build`.")
+            return onnxrt.OnnxFileSession.open(path, **options)
+        if runtime == "onnxruntime":
+            raise DSAUsageError(f"{path} is an engine; pass its build folder or an .onnx file for ONNX Runtime.")
+        return _engine_session(path, read_manifest(path), device)
+    if path.name == ORT_DIR and (path.parent / MANIFEST_NAME).is_file():
+        return onnxrt.ArtifactSession.open(read_manifest(path.parent), **options)
+    manifest = read_manifest(path)
+    engine = manifest.engine
+    has_ort = manifest.onnxruntime is not None
+    if runtime == "onnxruntime" or (runtime == "auto" and engine is None):
+        if not has_ort:
+            raise DSAUserError(f"{path} has no ONNX Runtime artifact; rebuild with --backend auto or onnxruntime.")
+        return onnxrt.ArtifactSession.open(manifest, **options)
+    if engine is None:
+        raise DSAUserError(f"{path} has no engine; rebuild with --backend tensorrt or tensorrt-rtx.")
+    engine_path = manifest.artifact(engine.get("file", ENGINE_NAME))
+    if runtime == "engine" or not has_ort:
+        return _engine_session(engine_path, manifest, device)
+    try:
+        return _engine_session(engine_path, manifest, device)
+    except DSAUserError as exc:
+        session = onnxrt.ArtifactSession.open(manifest, **options)
+        session.notes.insert(0, f"Using the ONNX Runtime artifact because the {engine.get('backend')} engine cannot run here: {exc}")
+        return session
+
+
+def _engine_session(path: Path, manifest: Manifest, device: int) -> Session:
+    if not _looks_like_engine(path):
+        from dsa_export.compat.engine_gate import sniff_engine
+
+        sniff_engine(path)  # raises with what the file is instead
+    from dsa_export.runtime.tensorrt import EngineSession
+
+    return EngineSession.open(path, manifest, device)
+
+
+__all__ = ["RUNTIME_CHOICES", "Session", "load"]

@@ -1,0 +1,159 @@
+/*
+ * C ABI over the DSA launchers (see dsa_kernels.h). Every entry point validates its arguments,
+ * never throws across the C boundary and records a message for dsa_last_error() on failure.
+ */
+#include "api/dsa_kernels.h"
+
+#include "common/dsaKernelCommon.h"
+#include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
+#include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
+
+#include <exception>
+
+extern "C"
+{
+
+DSA_API int32_t dsa_kernels_abi_version(void)
+{
+    return DSA_KERNELS_ABI_VERSION;
+}
+
+DSA_API char const* dsa_status_string(int32_t status)
+{
+    switch (status)
+    {
+    case DSA_STATUS_SUCCESS: return "success";
+    case DSA_STATUS_INVALID_ARGUMENT: return "invalid argument";
+    case DSA_STATUS_UNSUPPORTED: return "unsupported";
+    case DSA_STATUS_WORKSPACE_TOO_SMALL: return "workspace too small";
+    case DSA_STATUS_CUDA_ERROR: return "CUDA error";
+    default: return "unknown status";
+    }
+}
+
+DSA_API char const* dsa_last_error(void)
+{
+    return dsa::lastError();
+}
+
+DSA_API size_t dsa_indexer_topk_workspace_size(int64_t B, int64_t S, int64_t T, int64_t H, int64_t D, int64_t topk)
+{
+    return dsa::indexerTopKWorkspaceSize(B, S, T, H, D, topk);
+}
+
+DSA_API size_t dsa_indexer_topk_min_workspace_size(int64_t T)
+{
+    return dsa::indexerTopKMinWorkspaceSize(T);
+}
+
+DSA_API int32_t dsa_indexer_topk(void const* q, void const* k, void const* w, int32_t const* lengths, int32_t* out,
+    int64_t B, int64_t S, int64_t T, int64_t H, int64_t D, int64_t topk, float scale, int32_t causal, int32_t dtype,
+    int32_t w_dtype, void* workspace, size_t workspace_bytes, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype) || !dsa::isValidDType(w_dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_indexer_topk: unknown dtype code");
+        }
+        dsa::IndexerTopKParams p;
+        p.q = q;
+        p.k = k;
+        p.w = w;
+        p.lengths = lengths;
+        p.out = out;
+        p.B = B;
+        p.S = S;
+        p.T = T;
+        p.H = H;
+        p.D = D;
+        p.topk = topk;
+        p.scale = scale;
+        p.causal = causal != 0 ? 1 : 0;
+        return dsa::launchIndexerTopK(p, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(w_dtype), workspace,
+            workspace_bytes, static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_indexer_topk: unknown exception");
+    }
+}
+
+DSA_API size_t dsa_sparse_attention_workspace_size(int64_t /*B*/, int64_t /*S*/, int64_t /*T*/, int64_t /*H*/,
+    int64_t /*Hkv*/, int64_t /*Dk*/, int64_t /*Dv*/, int64_t /*K*/)
+{
+    return 0;
+}
+
+DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v, int32_t const* indices, void* out,
+    int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K, float scale,
+    int32_t dtype, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention: unknown dtype code");
+        }
+        dsa::SparseAttentionParams p;
+        p.q = q;
+        p.k = k;
+        p.v = v;
+        p.indices = indices;
+        p.out = out;
+        p.B = B;
+        p.S = S;
+        p.T = T;
+        p.H = H;
+        p.Hkv = Hkv;
+        p.Dk = Dk;
+        p.Dv = Dv;
+        p.K = K;
+        p.scale = scale;
+        return dsa::launchSparseAttention(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention: unknown exception");
+    }
+}
+
+DSA_API int32_t dsa_sparse_attention_path(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int32_t dtype)
+{
+    if (!dsa::isValidDType(dtype) || H <= 0 || Hkv <= 0 || H % Hkv != 0)
+    {
+        return -1;
+    }
+    dsa::DeviceInfo dev;
+    if (!dsa::currentDeviceInfo(dev))
+    {
+        return -1;
+    }
+    return dsa::sparseAttentionPath(H, Hkv, Dk, Dv, static_cast<dsa::DType>(dtype), dev.smMajor);
+}
+
+DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype)
+{
+    if (!dsa::isValidDType(dtype) || H <= 0 || D <= 0)
+    {
+        return -1;
+    }
+    dsa::DeviceInfo dev;
+    if (!dsa::currentDeviceInfo(dev))
+    {
+        return -1;
+    }
+    return dsa::indexerTopKPath(H, D, static_cast<dsa::DType>(dtype), dev.smMajor);
+}
+
+} // extern "C"

@@ -1,0 +1,28 @@
+/*
+ * Launchers of the DSASparseAttention kernels (see README.md in this folder for the design).
+ */
+#pragma once
+
+#include "common/dsaKernelCommon.h"
+
+namespace dsa
+{
+
+struct SparseAttentionParams
+{
+    void const* q{nullptr};          //!< [B,S,H,Dk]
+    void const* k{nullptr};          //!< [B,T,Hkv,Dk]
+    void const* v{nullptr};          //!< [B,T,Hkv,Dv]
+    int32_t const* indices{nullptr}; //!< [B,S,K], -1 or out-of-range entries are skipped
+    void* out{nullptr};              //!< [B,S,H,Dv]
+    int64_t B{0}, S{0}, T{0}, H{0}, Hkv{0}, Dk{0}, Dv{0}, K{0};
+    float scale{1.F};
+};
+
+//! Which kernel family serves these shapes: 1 = tensor-core (mma.sync) path, 0 = generic path.
+int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DType dtype, int32_t smMajor);
+
+//! Validates the parameters and enqueues the kernel on stream. Returns a Status.
+int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaStream_t stream);
+
+} // namespace dsa

@@ -1,0 +1,390 @@
+#include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
+
+#include "common/dsaPluginCommon.h"
+#include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+
+using namespace nvinfer1;
+
+namespace dsa
+{
+namespace plugin
+{
+namespace
+{
+constexpr char const* kPLUGIN_NAME = "DSASparseAttention";
+constexpr int32_t kIN_Q = 0;
+constexpr int32_t kIN_K = 1;
+constexpr int32_t kIN_V = 2;
+constexpr int32_t kIN_INDICES = 3;
+constexpr int32_t kNB_INPUTS = 4;
+
+std::string dimsToString(Dims const& d)
+{
+    std::string s = "[";
+    for (int32_t i = 0; i < d.nbDims; ++i)
+    {
+        s += (i ? "," : "") + std::to_string(d.d[i]);
+    }
+    return s + "]";
+}
+} // namespace
+
+DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
+    : mScale(scale)
+{
+    if (!std::isfinite(mScale))
+    {
+        throw PluginError("DSASparseAttention: attribute 'scale' must be finite");
+    }
+    initFields();
+}
+
+DSASparseAttentionPlugin::DSASparseAttentionPlugin(DSASparseAttentionPlugin const& other)
+    : IPluginV3(other)
+    , IPluginV3OneCore(other)
+    , IPluginV3OneBuild(other)
+    , IPluginV3OneRuntime(other)
+    , mScale(other.mScale)
+{
+    initFields();
+}
+
+void DSASparseAttentionPlugin::initFields()
+{
+    mFields.clear();
+    mFields.emplace_back("scale", &mScale, PluginFieldType::kFLOAT32, 1);
+    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mFieldCollection.fields = mFields.data();
+    mDescription = "scale=" + std::to_string(mScale);
+}
+
+IPluginCapability* DSASparseAttentionPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+{
+    switch (type)
+    {
+    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+}
+
+IPluginV3* DSASparseAttentionPlugin::clone() noexcept
+{
+    try
+    {
+        return new DSASparseAttentionPlugin(*this);
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention clone: ") + e.what());
+    }
+    return nullptr;
+}
+
+char const* DSASparseAttentionPlugin::getPluginName() const noexcept
+{
+    return kPLUGIN_NAME;
+}
+
+char const* DSASparseAttentionPlugin::getPluginVersion() const noexcept
+{
+    return kPLUGIN_VERSION;
+}
+
+char const* DSASparseAttentionPlugin::getPluginNamespace() const noexcept
+{
+    return kPLUGIN_NAMESPACE;
+}
+
+int32_t DSASparseAttentionPlugin::getNbOutputs() const noexcept
+{
+    return 1;
+}
+
+void DSASparseAttentionPlugin::validateShapes(Dims const* dims, int32_t nbInputs) const
+{
+    if (nbInputs != kNB_INPUTS)
+    {
+        throw PluginError("DSASparseAttention takes 4 inputs (q, k, v, indices), got " + std::to_string(nbInputs));
+    }
+    Dims const& q = dims[kIN_Q];
+    Dims const& k = dims[kIN_K];
+    Dims const& v = dims[kIN_V];
+    Dims const& idx = dims[kIN_INDICES];
+    if (q.nbDims != 4 || k.nbDims != 4 || v.nbDims != 4 || idx.nbDims != 3)
+    {
+        throw PluginError("DSASparseAttention expects q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], indices [B,S,K]; got q "
+            + dimsToString(q) + ", k " + dimsToString(k) + ", v " + dimsToString(v) + ", indices " + dimsToString(idx));
+    }
+    auto known = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
+    bool ok = known(q.d[0], k.d[0]) && known(q.d[0], v.d[0]) && known(q.d[0], idx.d[0]) && known(q.d[1], idx.d[1])
+        && known(k.d[1], v.d[1]) && known(k.d[2], v.d[2]) && known(q.d[3], k.d[3]);
+    if (ok && q.d[2] > 0 && k.d[2] > 0)
+    {
+        ok = q.d[2] % k.d[2] == 0;
+    }
+    if (!ok)
+    {
+        throw PluginError("DSASparseAttention: inconsistent shapes q " + dimsToString(q) + ", k " + dimsToString(k)
+            + ", v " + dimsToString(v) + ", indices " + dimsToString(idx) + " (H must be a multiple of Hkv)");
+    }
+}
+
+int32_t DSASparseAttentionPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
+{
+    try
+    {
+        if (in == nullptr || nbOutputs != 1)
+        {
+            throw PluginError("expected 1 output");
+        }
+        std::vector<Dims> dims;
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            dims.push_back(in[i].desc.dims);
+        }
+        validateShapes(dims.data(), nbInputs);
+        return 0;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention configurePlugin: ") + e.what());
+    }
+    return -1;
+}
+
+int32_t DSASparseAttentionPlugin::getOutputDataTypes(
+    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
+    {
+        logError("DSASparseAttention getOutputDataTypes: expected 4 inputs and 1 output");
+        return -1;
+    }
+    outputTypes[0] = inputTypes[kIN_Q];
+    return 0;
+}
+
+int32_t DSASparseAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
+    DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
+    IExprBuilder& /*exprBuilder*/) noexcept
+{
+    try
+    {
+        if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
+        {
+            throw PluginError("expected 4 inputs and 1 output");
+        }
+        if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
+        {
+            throw PluginError("q and v must be 4-D");
+        }
+        outputs[0].nbDims = 4;
+        outputs[0].d[0] = inputs[kIN_Q].d[0];
+        outputs[0].d[1] = inputs[kIN_Q].d[1];
+        outputs[0].d[2] = inputs[kIN_Q].d[2];
+        outputs[0].d[3] = inputs[kIN_V].d[3];
+        return 0;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention getOutputShapes: ") + e.what());
+    }
+    return -1;
+}
+
+bool DSASparseAttentionPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
+{
+    if (inOut == nullptr || nbInputs != kNB_INPUTS || nbOutputs != 1 || pos < 0 || pos >= nbInputs + nbOutputs)
+    {
+        return false;
+    }
+    PluginTensorDesc const& desc = inOut[pos].desc;
+    if (desc.format != TensorFormat::kLINEAR)
+    {
+        return false;
+    }
+    if (pos == kIN_Q)
+    {
+        return isFloatType(desc.type);
+    }
+    if (pos == kIN_INDICES)
+    {
+        return desc.type == DataType::kINT32;
+    }
+    // k, v and the output share q's type.
+    return desc.type == inOut[kIN_Q].desc.type;
+}
+
+size_t DSASparseAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
+    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+{
+    return 0;
+}
+
+char const* DSASparseAttentionPlugin::getTimingCacheID() noexcept
+{
+    return mDescription.c_str();
+}
+
+char const* DSASparseAttentionPlugin::getMetadataString() noexcept
+{
+    return mDescription.c_str();
+}
+
+int32_t DSASparseAttentionPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
+{
+    try
+    {
+        if (in == nullptr || nbOutputs != 1)
+        {
+            throw PluginError("expected 1 output");
+        }
+        std::vector<Dims> dims;
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            dims.push_back(in[i].dims);
+        }
+        validateShapes(dims.data(), nbInputs);
+        return 0;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention onShapeChange: ") + e.what());
+    }
+    return -1;
+}
+
+int32_t DSASparseAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
+{
+    try
+    {
+        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
+        {
+            throw PluginError("null tensor descriptors or pointers");
+        }
+        DType dtype{};
+        if (!toKernelDType(inputDesc[kIN_Q].type, dtype))
+        {
+            throw PluginError("unsupported input type");
+        }
+        Dims const& q = inputDesc[kIN_Q].dims;
+        Dims const& k = inputDesc[kIN_K].dims;
+        Dims const& v = inputDesc[kIN_V].dims;
+        Dims const& idx = inputDesc[kIN_INDICES].dims;
+        SparseAttentionParams p;
+        p.q = inputs[kIN_Q];
+        p.k = inputs[kIN_K];
+        p.v = inputs[kIN_V];
+        p.indices = static_cast<int32_t const*>(inputs[kIN_INDICES]);
+        p.out = outputs[0];
+        p.B = q.d[0];
+        p.S = q.d[1];
+        p.H = q.d[2];
+        p.Dk = q.d[3];
+        p.T = k.d[1];
+        p.Hkv = k.d[2];
+        p.Dv = v.d[3];
+        p.K = idx.d[2];
+        p.scale = mScale;
+        checkKernelStatus(launchSparseAttention(p, dtype, stream), "DSASparseAttention kernel");
+        return 0;
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention enqueue: ") + e.what());
+    }
+    return -1;
+}
+
+IPluginV3* DSASparseAttentionPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
+{
+    return clone();
+}
+
+PluginFieldCollection const* DSASparseAttentionPlugin::getFieldsToSerialize() noexcept
+{
+    return &mFieldCollection;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DSASparseAttentionPluginCreator::DSASparseAttentionPluginCreator()
+{
+    mFieldNames.emplace_back("scale", nullptr, PluginFieldType::kFLOAT32, 1);
+    mFieldCollection.nbFields = static_cast<int32_t>(mFieldNames.size());
+    mFieldCollection.fields = mFieldNames.data();
+}
+
+char const* DSASparseAttentionPluginCreator::getPluginName() const noexcept
+{
+    return kPLUGIN_NAME;
+}
+
+char const* DSASparseAttentionPluginCreator::getPluginVersion() const noexcept
+{
+    return kPLUGIN_VERSION;
+}
+
+char const* DSASparseAttentionPluginCreator::getPluginNamespace() const noexcept
+{
+    return kPLUGIN_NAMESPACE;
+}
+
+PluginFieldCollection const* DSASparseAttentionPluginCreator::getFieldNames() noexcept
+{
+    return &mFieldCollection;
+}
+
+IPluginV3* DSASparseAttentionPluginCreator::createPlugin(
+    char const* name, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
+{
+    try
+    {
+        if (fc == nullptr || (fc->nbFields > 0 && fc->fields == nullptr))
+        {
+            throw PluginError("no plugin fields");
+        }
+        bool haveScale = false;
+        float scale = 0.F;
+        for (int32_t i = 0; i < fc->nbFields; ++i)
+        {
+            PluginField const& f = fc->fields[i];
+            if (f.name == nullptr)
+            {
+                continue;
+            }
+            if (std::strcmp(f.name, "scale") == 0)
+            {
+                scale = readFloatField(f);
+                haveScale = true;
+            }
+            else
+            {
+                logVerbose(std::string("DSASparseAttention: ignoring attribute '") + f.name + "'");
+            }
+        }
+        if (!haveScale)
+        {
+            throw PluginError("attribute 'scale' is required");
+        }
+        return new DSASparseAttentionPlugin(scale);
+    }
+    catch (std::exception const& e)
+    {
+        logError(std::string("DSASparseAttention createPlugin(") + (name != nullptr ? name : "") + "): " + e.what());
+    }
+    return nullptr;
+}
+
+} // namespace plugin
+} // namespace dsa

@@ -1,0 +1,154 @@
+"""The plugin CMake project builds with the machine's nvcc (no GPU needed).
+
+CI compiles the kernels and the C ABI for sm_90 only through ``dsa-export plugins build`` (about
+20-40 s on 2 cores). When ``TensorRT_INCLUDE_DIR`` points at TensorRT headers the same build also
+compiles the IPluginV3 glue, links libdsa_plugins.so and runs the host-only smoke test against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsa_export.plugins.library import exported_symbols
+
+REPO = Path(__file__).resolve().parents[2]
+C_ABI = (
+    "dsa_kernels_abi_version",
+    "dsa_status_string",
+    "dsa_last_error",
+    "dsa_indexer_topk",
+    "dsa_indexer_topk_workspace_size",
+    "dsa_indexer_topk_min_workspace_size",
+    "dsa_sparse_attention",
+    "dsa_sparse_attention_workspace_size",
+)
+
+
+def _nvcc() -> str | None:
+    from dsa_export.cli.plugins_cmd import _find_nvcc
+
+    return _find_nvcc()
+
+
+def _trt_include() -> Path | None:
+    value = os.environ.get("TensorRT_INCLUDE_DIR")
+    return Path(value) if value and (Path(value) / "NvInfer.h").is_file() else None
+
+
+@pytest.fixture(scope="module")
+def sm90_build(tmp_path_factory):
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    if _nvcc() is None:
+        pytest.skip("nvcc (CUDA toolkit) is not installed")
+    build_dir = tmp_path_factory.mktemp("dsa-plugins-sm90")
+    cmd = [sys.executable, "-m", "dsa_export", "plugins", "build", "--build-dir", str(build_dir),
+           "--cuda-arch", "90", "--jobs", "2", "--quiet"]
+    trt = _trt_include()
+    if trt is not None:
+        cmd += ["--tensorrt-include", str(trt)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, f"plugins build failed:\n{proc.stdout}\n{proc.stderr}"
+    return build_dir, proc, elapsed
+
+
+def test_kernels_and_c_abi_compile_for_sm90(sm90_build):
+    build_dir, proc, elapsed = sm90_build
+    lib = build_dir / "libdsa_kernels.so"
+    assert lib.is_file(), proc.stderr
+    symbols = set(exported_symbols(lib))
+    missing = [s for s in C_ABI if s not in symbols]
+    assert not missing, f"C ABI symbols missing from libdsa_kernels.so: {missing}"
+    # Only the C ABI is exported (kernels and helpers stay hidden).
+    assert all(s.startswith("dsa_") or s.startswith("_") for s in symbols), sorted(symbols)
+    info = json.loads((build_dir / "dsa_build_info.json").read_text())
+    assert info["cuda_architectures"] == ["90"]
+    assert f"kernels\t{lib}" in proc.stdout
+    print(f"sm_90 build took {elapsed:.1f} s")
+
+
+def _our_warnings(log: str) -> list[str]:
+    return [line for line in log.splitlines() if re.search(r"warning", line, re.I) and "/plugins/" in line]
+
+
+def test_no_compiler_warnings_in_our_sources(sm90_build):
+    build_dir, _, _ = sm90_build
+    log = (build_dir / "dsa_build.log").read_text()
+    assert _our_warnings(log) == []
+
+
+def test_glue_is_skipped_plainly_without_headers(sm90_build):
+    if _trt_include() is not None:
+        pytest.skip("TensorRT_INCLUDE_DIR is set, so the glue was built")
+    build_dir, proc, _ = sm90_build
+    info = json.loads((build_dir / "dsa_build_info.json").read_text())
+    assert info["glue_built"] is False
+    assert "glue was SKIPPED" in proc.stderr
+    assert not (build_dir / "libdsa_plugins.so").exists()
+
+
+def test_plugin_glue_compiles_against_tensorrt_headers(sm90_build):
+    if _trt_include() is None:
+        pytest.skip("set TensorRT_INCLUDE_DIR to a TensorRT include/ directory to compile the plugin glue")
+    build_dir, _, _ = sm90_build
+    info = json.loads((build_dir / "dsa_build_info.json").read_text())
+    assert info["glue_built"] is True
+    plugin = build_dir / "libdsa_plugins.so"
+    symbols = set(exported_symbols(plugin))
+    assert {"getCreators", "setLoggerFinder"} <= symbols
+    assert symbols <= {"getCreators", "setLoggerFinder"}, f"unexpected exports: {sorted(symbols)}"
+    smoke = build_dir / "dsa_plugin_smoke"
+    proc = subprocess.run([str(smoke), str(plugin)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: 0 failure(s)" in proc.stdout
+
+
+def test_path_command_describes_the_built_library(sm90_build):
+    build_dir, _, _ = sm90_build
+    env = dict(os.environ, PYTHONPATH=str(REPO), DSA_EXPORT_PLUGIN_LIB=str(build_dir / "libdsa_kernels.so"))
+    proc = subprocess.run([sys.executable, "-m", "dsa_export", "plugins", "path", "--kind", "kernels", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["kind"] == "kernels" and info["missing_symbols"] == []
+    assert info["cuda_architectures"] == ["90"]
+    assert len(info["sha256"]) == 64
+
+
+def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
+    """The library loads through the ctypes binding and rejects bad arguments before touching CUDA."""
+    import ctypes
+    import itertools
+
+    from dsa_export.plugins.kernels import KernelLibrary
+
+    build_dir, _, _ = sm90_build
+    kern = KernelLibrary(build_dir / "libdsa_kernels.so")
+    raw = kern._lib
+    assert raw.dsa_kernels_abi_version() == 1
+    assert raw.dsa_status_string(1) == b"invalid argument"
+    status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
+    assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
+    status = raw.dsa_indexer_topk(None, None, None, None, None, 1, 1, 1, 1, 1, 1, 1.0, 1, 7, 0, None, 0, None)
+    assert status == 1 and b"dtype" in raw.dsa_last_error()
+    # The plugin sizes the workspace for a profile's maximum shapes: the size must be monotone.
+    sizes = [1, 3, 100, 4096, 70000]
+    ws = kern.indexer_topk_workspace_size
+    for (b, s, t), (b2, s2, t2) in itertools.product(itertools.product([1, 2], sizes, sizes), repeat=2):
+        if b <= b2 and s <= s2 and t <= t2:
+            assert ws(b, s, t, 64, 128, 2048) <= ws(b2, s2, t2, 64, 128, 2048)
+    assert ws(1, 16384, 16384, 64, 128, 2048) == 256 << 20
+    assert ws(1, 4, 100, 64, 128, 8) >= 4 * 100 * 4
+    assert raw.dsa_indexer_topk_min_workspace_size(ctypes.c_int64(100)) == 512
