@@ -187,6 +187,8 @@ class CudaBackend(Backend):
 
     name = "cuda"
     memory_method = "torch.cuda.max_memory_allocated growth over one call"
+    device = "cuda"
+    dtype = torch.bfloat16
 
     @classmethod
     def check_available(cls) -> None:
@@ -195,8 +197,6 @@ class CudaBackend(Backend):
     def __init__(self, settings: BenchSettings):
         super().__init__(settings)
         self.kernels = load_cuda_kernels()
-        self.device = "cuda"
-        self.dtype = torch.bfloat16
         self.blocks = {v: b.to(self.device, self.dtype) for v, b in make_blocks(settings.block).items()}
         dsa: AttentionBlock = self.blocks["dsa"]
         kern = self.kernels
@@ -219,10 +219,14 @@ class CudaBackend(Backend):
         def run() -> torch.Tensor:
             with torch.inference_mode():
                 out = block(x)
-            torch.cuda.synchronize()
+            self.synchronize()
             return out
 
         return run
+
+    @staticmethod
+    def synchronize() -> None:
+        torch.cuda.synchronize()
 
     def measure_peak(self, thunk: Callable[[], float]) -> tuple[float, int | None]:
         torch.cuda.synchronize()

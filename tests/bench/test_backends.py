@@ -1,0 +1,55 @@
+"""The cuda backend's wiring, checked on the CPU with stand-in kernels that follow the C ABI binding."""
+
+from __future__ import annotations
+
+import torch
+
+from dsa_export.bench import backends
+from dsa_export.bench.block import make_blocks, make_input
+from dsa_export.bench.settings import BenchSettings, BlockConfig
+from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
+
+CFG = BlockConfig(hidden=64, heads=4, kv_heads=1, head_dim=16, index_heads=16, index_head_dim=16, topk=8)
+
+
+class StandInKernels:
+    """Same signatures as ``dsa_export.plugins.kernels.KernelLibrary``, computed by the torch ops."""
+
+    path = "stand-in"
+
+    def __init__(self):
+        self.calls = []
+
+    def indexer_topk(self, q, k, w, lengths=None, *, topk, scale, causal=True, workspace=None):
+        # The binding wants k in q's dtype and w in q's dtype or float32.
+        assert k.dtype == q.dtype and w.dtype == torch.float32
+        self.calls.append("indexer_topk")
+        return dsa_indexer_topk(q, k, w, lengths, topk=topk, scale=scale, causal=causal)
+
+    def sparse_attention(self, q, k, v, indices, *, scale):
+        assert indices.dtype == torch.int32 and q.shape[2] % k.shape[2] == 0
+        self.calls.append("sparse_attention")
+        return dsa_sparse_attention(q, k, v, indices, scale=scale)
+
+
+class CpuCudaBackend(backends.CudaBackend):
+    device = "cpu"
+    dtype = torch.float32
+
+    @staticmethod
+    def synchronize() -> None:
+        pass
+
+
+def test_the_cuda_backend_routes_the_dsa_layer_through_the_kernels(monkeypatch):
+    kernels = StandInKernels()
+    monkeypatch.setattr(backends, "load_cuda_kernels", lambda: kernels)
+    backend = CpuCudaBackend(BenchSettings(seq_lens=(32,), backends=("cuda",), block=CFG, memory=False))
+    out = backend.call("dsa", 32)()
+    assert kernels.calls == ["indexer_topk", "sparse_attention"]
+    with torch.inference_mode():
+        reference = make_blocks(CFG)["dsa"](make_input(CFG, 32))
+    torch.testing.assert_close(out, reference)
+    assert backend.selected_indices().shape == (1, 32, CFG.topk)
+    backend.call("dense", 32)()
+    assert kernels.calls == ["indexer_topk", "sparse_attention"]  # dense attention is SDPA, no kernels
