@@ -23,6 +23,8 @@ def atomic_output(path: str | os.PathLike[str], *, extra_suffixes: tuple[str, ..
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600; give the artifact the mode any new file of the user's would get.
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
         for suffix in extra_suffixes:
@@ -35,6 +37,12 @@ def atomic_output(path: str | os.PathLike[str], *, extra_suffixes: tuple[str, ..
             with contextlib.suppress(FileNotFoundError):
                 candidate.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:

@@ -132,25 +132,26 @@ def sparse_attention(
     n_sel = indices.shape[2]
     group = h // hkv
     out = torch.empty(b, s, h, dv, dtype=q.dtype, device=q.device)
-    rows = _chunk_rows(s, b * n_sel * (dk + dv + 2 * group) * 4)
+    # Rows of all kv heads of a token, flattened so one index_select fetches a selected token.
+    k_rows = k.float().reshape(b * t, hkv * dk)
+    v_rows = v.float().reshape(b * t, hkv * dv)
+    batch_offset = (torch.arange(b, device=q.device) * t).view(b, 1, 1)
+    rows = _chunk_rows(s, b * n_sel * (hkv * (dk + dv) + 2 * h) * 4)
     for start in range(0, s, rows):
         stop = min(s, start + rows)
         c = stop - start
         idx = indices[:, start:stop].long()
         valid = (idx >= 0) & (idx < t)  # [B,c,K]
-        flat = torch.where(valid, idx, 0).reshape(b, c * n_sel)
-        any_valid = valid.any(-1)  # [B,c]
-        for g in range(hkv):
-            # Gather the selected rows once for this kv head; all `group` query heads reuse them.
-            k_sel = k[:, :, g].float().gather(1, flat[..., None].expand(-1, -1, dk)).reshape(b, c, n_sel, dk)
-            v_sel = v[:, :, g].float().gather(1, flat[..., None].expand(-1, -1, dv)).reshape(b, c, n_sel, dv)
-            qg = q[:, start:stop, g * group:(g + 1) * group].float()  # [B,c,group,Dk]
-            logits = torch.matmul(qg, k_sel.transpose(-1, -2)) * scale  # [B,c,group,K]
-            logits = logits.masked_fill(~valid[:, :, None, :], float("-inf"))
-            probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
-            res = torch.matmul(probs, v_sel)  # [B,c,group,Dv]
-            res = res.masked_fill(~any_valid[:, :, None, None], 0.0)
-            out[:, start:stop, g * group:(g + 1) * group] = res.to(q.dtype)
+        flat = (torch.where(valid, idx, 0) + batch_offset).reshape(-1)
+        # Each selected token is read once and serves every query head of every group.
+        k_sel = k_rows.index_select(0, flat).view(b, c, n_sel, hkv, dk).transpose(2, 3)  # [B,c,Hkv,K,Dk]
+        v_sel = v_rows.index_select(0, flat).view(b, c, n_sel, hkv, dv).transpose(2, 3)  # [B,c,Hkv,K,Dv]
+        qg = q[:, start:stop].float().reshape(b, c, hkv, group, dk)
+        logits = torch.matmul(k_sel, qg.transpose(-1, -2)).transpose(-1, -2) * scale  # [B,c,Hkv,G,K]
+        logits = logits.masked_fill(~valid[:, :, None, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows without a valid key -> 0
+        res = torch.matmul(probs, v_sel)  # [B,c,Hkv,G,Dv]
+        out[:, start:stop] = res.reshape(b, c, h, dv).to(q.dtype)
     return out
 
 

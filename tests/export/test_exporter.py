@@ -150,3 +150,17 @@ def test_large_models_are_saved_with_external_data(tmp_path, exported):
     (got,) = session(path).run(None, {"input_ids": inputs["input_ids"].numpy()})
     (want,) = session(exported["plugin"]).run(None, {"input_ids": inputs["input_ids"].numpy()})
     np.testing.assert_array_equal(got, want)
+
+
+def test_written_files_get_the_users_default_mode(tmp_path):
+    import os
+
+    from dsa_export.fileio import atomic_output
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_output(tmp_path / "artifact.bin") as tmp:
+            tmp.write_bytes(b"x")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "artifact.bin").stat().st_mode & 0o777 == 0o644
