@@ -62,15 +62,19 @@ def _select_topk(scores: torch.Tensor, allowed: torch.Tensor, topk: int) -> torc
         threshold > neg_inf
     )
     positions = torch.where(values > neg_inf, positions, t)  # disallowed picks become t for now
-    if bool(ambiguous.any()):
-        above = masked > threshold
-        tied = masked == threshold
+    rows = ambiguous.reshape(-1).nonzero().squeeze(1)
+    if rows.numel():
+        # Redo only the ambiguous rows, taking tied keys in index order.
+        flat_masked = masked.reshape(-1, t)[rows]
+        row_threshold = threshold.reshape(-1, 1)[rows]
+        above = flat_masked > row_threshold
+        tied = flat_masked == row_threshold
         room = kk - above.sum(-1, keepdim=True)
         chosen = above | (tied & (tied.cumsum(-1) <= room))
-        slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(scores, kk, dtype=torch.int64))
-        fixed = torch.full((*scores.shape[:-1], kk + 1), t, dtype=torch.int64, device=scores.device)
+        slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(flat_masked, kk, dtype=torch.int64))
+        fixed = torch.full((rows.numel(), kk + 1), t, dtype=torch.int64, device=scores.device)
         fixed.scatter_(-1, slot, torch.arange(t, device=scores.device).expand_as(slot))
-        positions = torch.where(ambiguous, fixed[..., :kk], positions)
+        positions = positions.reshape(-1, kk).index_copy(0, rows, fixed[:, :kk]).reshape(positions.shape)
     positions = positions.sort(dim=-1).values
     positions = torch.where(positions < t, positions, -1)
     if kk < topk:
@@ -86,12 +90,12 @@ def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, scale: flo
     head reduction streams ``H`` times more memory (measured 2x slower on CPU at S = T = 2048).
     """
     b, s, h, _ = q.shape
-    qs = q.float() * scale
-    kt = k.float().transpose(1, 2)  # [B,D,T]
+    qs = (q.float() * scale).transpose(1, 2).contiguous()  # [B,H,S,D]: one contiguous block per head
+    kt = k.float().transpose(1, 2).contiguous()  # [B,D,T], laid out once instead of per product
     wf = w.float()
     out = torch.zeros(b, s, k.shape[1], dtype=torch.float32, device=q.device)
     for head in range(h):
-        out.addcmul_(torch.matmul(qs[:, :, head], kt).clamp_min_(0.0), wf[:, :, head, None])
+        out.addcmul_(torch.matmul(qs[:, head], kt).clamp_min_(0.0), wf[:, :, head, None])
     return out
 
 
