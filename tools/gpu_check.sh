@@ -83,13 +83,24 @@ if [ "$BUILD_RC" -eq 0 ]; then
     log "benchmark rc=$BENCH_RC"
 fi
 
+# ---- 3b. DSA-vs-dense layer benchmark through the kernels (dsa-export bench's cuda backend) --------
+# Writes bench_layer.{json,md,png} stating GPU, driver, CUDA and date; the .md is what
+# docs/bench_gpu.md should hold. Runs only while the 8-minute budget allows it.
+LAYER_RC=-1
+if [ "$BUILD_RC" -eq 0 ] && [ $(($(date +%s) - T0)) -lt 330 ]; then
+    log "running the layer benchmark"
+    timeout 120 "$PY" -m dsa_export.bench.gpu "$OUT_DIR" > "$OUT_DIR/bench_layer.log" 2>&1
+    LAYER_RC=$?
+    log "layer benchmark rc=$LAYER_RC"
+fi
+
 # ---- 4. summary JSON -------------------------------------------------------------------------
-"$PY" - "$OUT_DIR" "$ARCH" "$BUILD_RC" "$BUILD_S" "$TEST_RC" "$BENCH_RC" "$(($(date +%s) - T0))" <<'PYEOF'
+"$PY" - "$OUT_DIR" "$ARCH" "$BUILD_RC" "$BUILD_S" "$TEST_RC" "$BENCH_RC" "$(($(date +%s) - T0))" "$LAYER_RC" <<'PYEOF'
 import json, sys, pathlib, xml.etree.ElementTree as ET
-out, arch, build_rc, build_s, test_rc, bench_rc, total_s = sys.argv[1:]
+out, arch, build_rc, build_s, test_rc, bench_rc, total_s, layer_rc = sys.argv[1:]
 out = pathlib.Path(out)
 summary = {"cuda_arch": arch, "build_rc": int(build_rc), "build_s": int(build_s), "pytest_rc": int(test_rc),
-           "bench_rc": int(bench_rc), "total_s": int(total_s)}
+           "bench_rc": int(bench_rc), "layer_bench_rc": int(layer_rc), "total_s": int(total_s)}
 try:
     import torch
     summary["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
