@@ -210,14 +210,9 @@ def _plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, st
 
 def _load_onnx(path: Path):
     """The graph of a user-supplied .onnx (no external data), or a one-sentence error."""
-    import onnx
+    from dsa_export.onnx_files import load_graph
 
-    if not path.is_file():
-        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file or a MODEL.")
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}); pass an exported .onnx.") from exc
+    return load_graph(path, "an exported .onnx file or a MODEL")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,19 +15,11 @@ def _dims(value) -> list:
 
 def describe(path: Path) -> dict:
     """A JSON-able summary of an ONNX file: ops, custom nodes, I/O, functions, metadata."""
-    import onnx
     from onnx import helper
 
-    from dsa_export.errors import DSAUserError
+    from dsa_export.onnx_files import load_graph, metadata
 
-    if not path.is_file():
-        raise DSAUserError(f"'{path}' does not exist; pass an .onnx file.")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
-    if not model.graph.node and not model.graph.input:
-        raise DSAUserError(f"'{path}' holds no ONNX graph; pass an exported .onnx file.")
+    model = load_graph(path, "an .onnx file")
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
 
@@ -60,7 +52,7 @@ def describe(path: Path) -> dict:
         "functions": [f"{f.domain}::{f.name} ({len(f.node)} nodes)" for f in model.functions],
         "initializers": len(graph.initializer),
         "parameters": int(sum(_numel(i) for i in graph.initializer)),
-        "metadata": {p.key: p.value for p in model.metadata_props},
+        "metadata": metadata(model),
     }
 
 

@@ -101,10 +101,6 @@ class ValidationReport:
                           "fp32 reference)"])
 
 
-def _metadata(model: onnx.ModelProto) -> dict[str, str]:
-    return {p.key: p.value for p in model.metadata_props}
-
-
 def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: Path):
     from dsa_export.sources import resolve
 
@@ -129,14 +125,11 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
+    from dsa_export.onnx_files import load_graph, metadata
+
     path = Path(path)
-    if not path.is_file():
-        raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file.")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
-    meta = _metadata(model)
+    model = load_graph(path)
+    meta = metadata(model)
     dtype = json.loads(meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
     default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["fp32"])
     atol = default_atol if settings.atol is None else settings.atol

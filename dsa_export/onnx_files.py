@@ -1,0 +1,29 @@
+"""Reading ONNX files the user points at: one place for the checks and their error sentences."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dsa_export.errors import DSAUserError
+
+
+def load_graph(path: str | os.PathLike[str], what: str = "an exported .onnx file"):
+    """The ModelProto of ``path`` without its external data, or a one-sentence user error."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise DSAUserError(f"'{path}' does not exist; pass {what}.")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}); pass {what}.") from exc
+    if not model.graph.node and not model.graph.input:
+        raise DSAUserError(f"'{path}' holds no ONNX graph; pass {what}.")
+    return model
+
+
+def metadata(model) -> dict[str, str]:
+    """``metadata_props`` of a ModelProto as a dict."""
+    return {p.key: p.value for p in model.metadata_props}
