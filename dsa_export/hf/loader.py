@@ -67,7 +67,7 @@ def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "
     import torch
 
     ckpt = inspect_checkpoint(path)
-    kwargs = {"torch_dtype": getattr(torch, dtype), "attn_implementation": "eager"}
+    kwargs = {"dtype": getattr(torch, dtype), "attn_implementation": "eager"}
     if ckpt.fp8:
         if not dequantize_fp8:
             raise DSAUserError(

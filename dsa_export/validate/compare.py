@@ -105,6 +105,13 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
     from dsa_export.sources import resolve
 
     spec = settings.reference or meta.get(META_SPEC)
+    recorded = meta.get(META_SPEC, "")
+    if settings.reference and recorded.startswith("hf:") and Path(settings.reference).is_dir():
+        # A checkpoint directory given by hand: rebuild the graph the file was exported as.
+        from dsa_export.hf.source import format_spec, parse_spec
+
+        _, graph, layers, fp8 = parse_spec(recorded)
+        spec = format_spec(settings.reference, graph, layers, fp8)
     if not spec:
         raise DSAUserError(f"'{path}' records no reference model; pass one with --reference MODEL.")
     source = resolve(spec, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed)
@@ -152,7 +159,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
 
     reference = source.reference_module or source.module
     order = source.input_names if reference is source.module else (list(source.input_names or []) or None)
-    torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name="torch", input_order=order)
+    reference_name = "transformers" if source.reference_module is not None else "torch"
+    torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name=reference_name,
+                               input_order=order)
     if dtype == "bf16":
         import onnxruntime
 
@@ -173,7 +182,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
         G_LOGGER.module_severity = previous
     report = ValidationReport(
         model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
-        runners=["torch", "onnxruntime"], passed=bool(verdict),
+        runners=[reference_name, "onnxruntime"], passed=bool(verdict),
     )
     (_, torch_iters), (_, ort_iters) = results[0], results[1]
     for seq_len, expected, actual in zip(settings.seq_lens, torch_iters, ort_iters):
