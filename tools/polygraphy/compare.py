@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import onnx
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
 
     from dsa_export.manifest import read_manifest
     from dsa_export.runtime.polygraphy_runner import SessionRunner
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                             name="torch", input_order=source.input_names)
     runner = SessionRunner(manifest.folder, runtime=args.runtime, name=f"dsa-{args.runtime}")
     results = Comparator.run([reference, runner], data_loader=list(_data_loader().load_data()))
-    compare = CompareFunc.simple(atol=args.atol, rtol=args.rtol, check_error_stat=args.check_error_stat)
+    compare = SimpleCompareFunc(atol=args.atol, rtol=args.rtol, check_error_stat=args.check_error_stat)
     return 0 if bool(Comparator.compare_accuracy(results, compare_func=compare)) else 1
 
 
