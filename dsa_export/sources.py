@@ -8,10 +8,12 @@ spec is stored in the exported file's metadata so ``validate`` can rebuild the r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,18 @@ class ModelSource:
     input_names: list[str] | None = None
     #: ``{input: {axis: dim name}}``; None: axis 0 is "batch", axis 1 "sequence".
     dynamic_axes: dict[str, dict[int, str]] | None = None
-    #: The module validation compares against when it is not ``module`` itself (e.g. transformers).
-    reference_module: Any = None
+    #: Loads the module validation compares against when it is not ``module`` itself (e.g. the
+    #: transformers model). Called on first use only: exporting never pays for a second copy.
+    reference_loader: Callable[[], Any] | None = None
     #: Makes inputs of another shape when the source is neither built-in nor a factory.
-    make_inputs: Any = None
+    make_inputs: Callable[[int, int, int], dict[str, Any]] | None = None
+    #: The user's ``file.py:factory``, called again for inputs of other shapes.
+    factory: Callable[..., Any] | None = None
+
+    @functools.cached_property
+    def reference_module(self) -> Any:
+        """The independent reference (loaded now), or None when ``module`` is its own reference."""
+        return self.reference_loader() if self.reference_loader is not None else None
 
     def inputs_for(self, batch: int, seq_len: int, seed: int = 0) -> dict[str, Any]:
         """Inputs of another shape: rebuilt for built-ins, by calling the factory again for files."""
@@ -122,13 +132,10 @@ def resolve(spec: str | None, *, batch: int = 2, seq_len: int = 64, seed: int = 
         module, inputs, names = _call_factory(factory, batch, seq_len)
         from dsa_export.fileio import sha256_file
 
-        source = ModelSource(
+        return ModelSource(
             spec=f"{path.resolve()}:{attr}", module=module, example_inputs=inputs,
-            file_sha256=sha256_file(path),
+            output_names=names or ["logits"], file_sha256=sha256_file(path), factory=factory,
         )
-        source.output_names = names or source.output_names
-        source._factory = factory  # type: ignore[attr-defined]
-        return source
     if spec.startswith("hf:") or Path(spec).is_dir():
         from dsa_export.hf.source import format_spec, hf_source
 
@@ -143,7 +150,7 @@ def _inputs_for(source: ModelSource, batch: int, seq_len: int, seed: int) -> dic
         from dsa_export.nn import example_inputs
 
         return example_inputs(source.module.config, batch, seq_len, seed)
-    factory = getattr(source, "_factory", None)
+    factory = source.factory
     if factory is not None and {"batch", "seq_len"} & set(inspect.signature(factory).parameters):
         _, inputs, _ = _call_factory(factory, batch, seq_len)
         return inputs

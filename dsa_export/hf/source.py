@@ -62,7 +62,6 @@ def hf_source(spec: str, *, batch: int = 2, seq_len: int = 16, seed: int = 0) ->
     model, ckpt = load_model(path, dequantize_fp8=fp8)
     if layers is not None:
         layers = parse_layers(f"{layers[0]}:{layers[1]}", ckpt.num_layers)
-    reference, _ = load_model(path, dequantize_fp8=fp8)
     wrapper = DSAExportModel(model, graph=graph, layers=layers)
     cfg = model.config
 
@@ -94,7 +93,7 @@ def hf_source(spec: str, *, batch: int = 2, seq_len: int = 16, seed: int = 0) ->
             axes[name] = {0: "batch", 1: "total_sequence"}
         else:
             axes[name] = {0: "batch", 1: "sequence"}
-    source = ModelSource(
+    return ModelSource(
         spec=format_spec(path, graph, layers, fp8),
         module=wrapper,
         example_inputs=make_inputs(batch, seq_len, seed),
@@ -102,16 +101,16 @@ def hf_source(spec: str, *, batch: int = 2, seq_len: int = 16, seed: int = 0) ->
         config=cfg.to_dict(),
         input_names=wrapper.input_names(),
         dynamic_axes=axes,
-        # transformers eager is the reference for whole-model prefill graphs; decode steps and layer
-        # slices are compared with our torch module (itself checked against transformers in tests).
-        reference_module=None if (graph != "prefill" or wrapper.is_slice) else _Logits(reference),
+        # transformers eager (a separate copy with its default experts implementation, loaded only
+        # when validation asks) is the reference for whole-model prefill graphs; decode steps and
+        # layer slices are compared with our torch module (itself checked against transformers).
+        reference_loader=None if (graph != "prefill" or wrapper.is_slice)
+        else lambda: TransformersLogits(load_model(path, dequantize_fp8=fp8)[0]),
         make_inputs=make_inputs,
     )
-    source.hf_reference = reference  # type: ignore[attr-defined]
-    return source
 
 
-class _Logits(torch.nn.Module):
+class TransformersLogits(torch.nn.Module):
     """transformers ``*ForCausalLM`` called positionally, returning logits only."""
 
     def __init__(self, model):

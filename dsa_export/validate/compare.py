@@ -158,10 +158,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
         feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
 
     reference = source.reference_module or source.module
-    order = source.input_names if reference is source.module else (list(source.input_names or []) or None)
     reference_name = "transformers" if source.reference_module is not None else "torch"
     torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name=reference_name,
-                               input_order=order)
+                               input_order=source.input_names)
     if dtype == "bf16":
         import onnxruntime
 
@@ -195,13 +194,15 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
                 max_rel=float(rel.max()), passed=_within(diff, rel, ref, atol, rtol, error_stat),
             ))
-    hf_reference = getattr(source, "hf_reference", None)
-    if hf_reference is not None and source.reference_module is not None:
+    if source.reference_module is not None and source.spec.startswith("hf:"):
+        # A transformers reference: compare the indexers' selections too.
         from dsa_export.hf.overlap import topk_overlap
+
+        transformers_model = source.reference_module.model
 
         for seq_len, feed in zip(settings.seq_lens, feeds):
             tensors = {k: torch.from_numpy(v) for k, v in feed.items()}
-            report.topk_overlap[seq_len] = topk_overlap(path, hf_reference, tensors)
+            report.topk_overlap[seq_len] = topk_overlap(path, transformers_model, tensors)
         report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
         report.passed = report.passed and report.min_topk_overlap >= settings.min_topk_overlap
     report.passed = report.passed and all(e.passed for e in report.errors)
