@@ -142,13 +142,13 @@ def annotate_custom_outputs(model: onnx.ModelProto) -> None:
 
 
 def _name_unnamed_dims(model: onnx.ModelProto) -> None:
-    """Give the exporter's anonymous dims of 1-D per-batch values (``lengths``) the batch name."""
+    """Give the exporter's anonymous dim of each indexer's ``lengths`` input the batch name."""
+    lengths = {n.input[3] for n in model.graph.node if n.domain == DOMAIN and n.op_type == "DSAIndexerTopK"
+               and len(n.input) > 3}
     for vi in model.graph.value_info:
         dims = vi.type.tensor_type.shape.dim
-        if len(dims) == 1 and not dims[0].dim_param and not dims[0].HasField("dim_value"):
-            consumers = [n for n in model.graph.node if vi.name in n.input and n.domain == DOMAIN]
-            if consumers and consumers[0].op_type == "DSAIndexerTopK" and list(consumers[0].input)[3:4] == [vi.name]:
-                dims[0].dim_param = BATCH_DIM
+        if vi.name in lengths and len(dims) == 1 and not dims[0].dim_param and not dims[0].HasField("dim_value"):
+            dims[0].dim_param = BATCH_DIM
 
 
 def _strip_debug_metadata(model: onnx.ModelProto) -> None:

@@ -29,15 +29,6 @@ from torch import nn
 from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
 
 
-def _rope_functions(model_type: str):
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
-        apply_rotary_pos_emb,
-        apply_rotary_pos_emb_interleave,
-    )
-
-    return apply_rotary_pos_emb, apply_rotary_pos_emb_interleave
-
-
 class DSAExportModel(nn.Module):
     def __init__(self, hf_model, *, graph: str = "prefill", layers: tuple[int, int] | None = None):
         super().__init__()
@@ -55,7 +46,13 @@ class DSAExportModel(nn.Module):
         # may say so explicitly.
         default = self.model_type == "glm_moe_dsa"
         self.indexer_interleave = bool(getattr(cfg, "indexer_rope_interleave", default))
-        self.apply_rope, self.apply_rope_interleave = _rope_functions(self.model_type)
+        # transformers' own RoPE helpers (the same for both model types), so the rotation is bit-equal.
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            apply_rotary_pos_emb,
+            apply_rotary_pos_emb_interleave,
+        )
+
+        self.apply_rope, self.apply_rope_interleave = apply_rotary_pos_emb, apply_rotary_pos_emb_interleave
         self.needs_prev_indices = self.indexer_types[self.start] == "shared"
         # A slice hands its last selection on when the next layer reuses it.
         self.emits_indices = self.is_slice and self.stop < n and self.indexer_types[self.stop] == "shared"

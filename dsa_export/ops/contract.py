@@ -56,12 +56,6 @@ class OpSpec:
     def qualified_name(self) -> str:
         return f"{DOMAIN}::{self.name}"
 
-    def attribute(self, name: str) -> AttrSpec:
-        for attr in self.attributes:
-            if attr.name == name:
-                return attr
-        raise KeyError(name)
-
 
 INDEXER_TOPK = OpSpec(
     name="DSAIndexerTopK",

@@ -103,10 +103,6 @@ class _Body:
         self.nodes[-1].output[0] = name
 
 
-def _standard_opset(opset: int) -> list[onnx.OperatorSetIdProto]:
-    return [helper.make_opsetid("", opset)]
-
-
 def _indexer_function(opset: int) -> FunctionProto:
     """Body of DSAIndexerTopK. It reads ``lengths``, which the exporter therefore always supplies."""
     b = _Body("idx")
@@ -194,7 +190,7 @@ def _function(spec: OpSpec, body: _Body, opset: int) -> FunctionProto:
         inputs=[t.name for t in spec.inputs],
         outputs=[t.name for t in spec.outputs],
         nodes=body.nodes,
-        opset_imports=_standard_opset(opset),
+        opset_imports=[helper.make_opsetid("", opset)],
         attributes=[a.name for a in spec.attributes],
         doc_string=spec.doc,
     )
@@ -203,10 +199,6 @@ def _function(spec: OpSpec, body: _Body, opset: int) -> FunctionProto:
 def function_protos(opset: int) -> list[FunctionProto]:
     """The local functions of every ``dsa`` op, for a model of standard-domain ``opset``."""
     return [_indexer_function(opset), _sparse_attention_function(opset)]
-
-
-def plugin_attributes() -> dict[str, str]:
-    return dict(PLUGIN_ATTRIBUTES)
 
 
 def translation_table() -> dict:
