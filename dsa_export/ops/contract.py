@@ -27,6 +27,9 @@ class TensorSpec:
     types: tuple[str, ...]
     optional: bool = False
     doc: str = ""
+    #: Name of the schema's type variable; inputs sharing it must have the same dtype. Empty:
+    #: one variable per distinct ``types`` tuple.
+    type_var: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,10 @@ INDEXER_TOPK = OpSpec(
     inputs=(
         TensorSpec("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
         TensorSpec("k", "[B,T,D]", FLOAT_TYPES, doc="Indexer keys, one per token shared by all heads."),
-        TensorSpec("w", "[B,S,H_I]", FLOAT_TYPES, doc="Per-head weights of each query."),
+        # w has its own type: the models compute weights_proj in float32 (transformers keeps it in
+        # float32 even in bf16 checkpoints) while q and k are half precision.
+        TensorSpec("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+                   doc="Per-head weights of each query (float32, or q's dtype)."),
         TensorSpec("lengths", "[B]", ("tensor(int32)",), optional=True, doc="Valid keys per batch row."),
     ),
     outputs=(TensorSpec("indices", "[B,S,topk]", ("tensor(int32)",), doc="Selected key positions, -1 padded."),),

@@ -32,10 +32,12 @@ def _schema(spec: OpSpec) -> onnx.defs.OpSchema:
     from onnx.defs import OpSchema
 
     option = OpSchema.FormalParameterOption
-    type_vars: dict[tuple[str, ...], str] = {}
+    type_vars: dict[tuple[str, ...] | str, str] = {}
+    var_types: dict[str, tuple[str, ...]] = {}
 
     def formal(t) -> OpSchema.FormalParameter:
-        var = type_vars.setdefault(t.types, f"T{len(type_vars)}")
+        var = t.type_var or type_vars.setdefault(t.types, f"T{len(type_vars)}")
+        var_types[var] = t.types
         return OpSchema.FormalParameter(
             t.name, var, t.doc, param_option=option.Optional if t.optional else option.Single
         )
@@ -49,7 +51,7 @@ def _schema(spec: OpSpec) -> onnx.defs.OpSchema:
             attrs.append(OpSchema.Attribute(attr.name, kind, attr.doc, required=True))
         else:
             attrs.append(OpSchema.Attribute(attr.name, helper.make_attribute(attr.name, attr.default), attr.doc))
-    constraints = [(var, list(types), "") for types, var in type_vars.items()]
+    constraints = [(var, list(types), "") for var, types in var_types.items()]
     # Outputs of SparseAttention share q's dtype variable; indices share the int32 variable.
     return OpSchema(spec.name, DOMAIN, DOMAIN_VERSION, spec.doc, inputs=inputs, outputs=outputs,
                     type_constraints=constraints, attributes=attrs)
