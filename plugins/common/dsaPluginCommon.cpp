@@ -124,6 +124,35 @@ float readFloatField(nvinfer1::PluginField const& field)
     }
 }
 
+std::string readStringField(nvinfer1::PluginField const& field)
+{
+    if (field.type != nvinfer1::PluginFieldType::kCHAR && field.type != nvinfer1::PluginFieldType::kUNKNOWN)
+    {
+        throw PluginError(std::string("attribute '") + field.name + "' must be a string");
+    }
+    if (field.data == nullptr || field.length < 1)
+    {
+        return std::string();
+    }
+    char const* chars = static_cast<char const*>(field.data);
+    size_t n = static_cast<size_t>(field.length);
+    while (n > 0 && chars[n - 1] == '\0')
+    {
+        --n;
+    }
+    return std::string(chars, n);
+}
+
+std::string dimsToString(nvinfer1::Dims const& d)
+{
+    std::string s = "[";
+    for (int32_t i = 0; i < d.nbDims; ++i)
+    {
+        s += (i ? "," : "") + std::to_string(d.d[i]);
+    }
+    return s + "]";
+}
+
 void checkKernelStatus(int32_t status, char const* what)
 {
     if (status != kSUCCESS)

@@ -1,7 +1,8 @@
 /*
  * Shared pieces of the DSA TensorRT plugin glue: logging through the TensorRT logger finder,
- * tolerant plugin-field parsing and dtype mapping. Uses only inline/virtual TensorRT API, so the
- * getCreators library links without libnvinfer.
+ * tolerant plugin-field parsing, dtype mapping and shape helpers. Uses only inline/virtual
+ * TensorRT API, so the getCreators library links without libnvinfer. The IPluginV3 base classes
+ * built on these are in dsaPluginBase.h.
  */
 #pragma once
 
@@ -45,6 +46,16 @@ bool isFloatType(nvinfer1::DataType type) noexcept;
 int64_t readIntField(nvinfer1::PluginField const& field);
 //! Reads a float attribute stored as float32/float64/float16 (or an integer type).
 float readFloatField(nvinfer1::PluginField const& field);
+//! Reads a string attribute (kCHAR); a terminating NUL inside `length` is dropped.
+std::string readStringField(nvinfer1::PluginField const& field);
+
+//! "[d0,d1,...]" for error messages.
+std::string dimsToString(nvinfer1::Dims const& d);
+//! Two extents agree, or one of them is not known yet (-1 at build time).
+inline bool sameOrUnknown(int64_t a, int64_t b)
+{
+    return a < 0 || b < 0 || a == b;
+}
 
 //! Checks a kernel Status and throws PluginError with the kernel's message when it failed.
 void checkKernelStatus(int32_t status, char const* what);

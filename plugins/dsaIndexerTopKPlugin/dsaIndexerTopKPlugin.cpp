@@ -1,11 +1,8 @@
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
 
-#include "common/dsaPluginCommon.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
 
 #include <cmath>
-#include <cstring>
-#include <exception>
 
 using namespace nvinfer1;
 
@@ -20,20 +17,11 @@ constexpr int32_t kIN_Q = 0;
 constexpr int32_t kIN_K = 1;
 constexpr int32_t kIN_W = 2;
 constexpr int32_t kIN_LENGTHS = 3;
-
-std::string dimsToString(Dims const& d)
-{
-    std::string s = "[";
-    for (int32_t i = 0; i < d.nbDims; ++i)
-    {
-        s += (i ? "," : "") + std::to_string(d.d[i]);
-    }
-    return s + "]";
-}
 } // namespace
 
 DSAIndexerTopKPlugin::DSAIndexerTopKPlugin(int32_t topk, float scale, int32_t causal)
-    : mTopK(topk)
+    : DSAPluginBase(kPLUGIN_NAME)
+    , mTopK(topk)
     , mScale(scale)
     , mCausal(causal != 0 ? 1 : 0)
 {
@@ -49,10 +37,7 @@ DSAIndexerTopKPlugin::DSAIndexerTopKPlugin(int32_t topk, float scale, int32_t ca
 }
 
 DSAIndexerTopKPlugin::DSAIndexerTopKPlugin(DSAIndexerTopKPlugin const& other)
-    : IPluginV3(other)
-    , IPluginV3OneCore(other)
-    , IPluginV3OneBuild(other)
-    , IPluginV3OneRuntime(other)
+    : DSAPluginBase(other)
     , mTopK(other.mTopK)
     , mScale(other.mScale)
     , mCausal(other.mCausal)
@@ -64,60 +49,19 @@ DSAIndexerTopKPlugin::DSAIndexerTopKPlugin(DSAIndexerTopKPlugin const& other)
 void DSAIndexerTopKPlugin::initFields()
 {
     mFields.clear();
-    mFields.emplace_back("topk", &mTopK, PluginFieldType::kINT32, 1);
-    mFields.emplace_back("scale", &mScale, PluginFieldType::kFLOAT32, 1);
-    mFields.emplace_back("causal", &mCausal, PluginFieldType::kINT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mFieldCollection.fields = mFields.data();
+    mFields.addInt32("topk", &mTopK);
+    mFields.addFloat32("scale", &mScale);
+    mFields.addInt32("causal", &mCausal);
     mDescription = "topk=" + std::to_string(mTopK) + ";scale=" + std::to_string(mScale)
         + ";causal=" + std::to_string(mCausal);
 }
 
-IPluginCapability* DSAIndexerTopKPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+DSAPluginBase* DSAIndexerTopKPlugin::cloneImpl() const
 {
-    switch (type)
-    {
-    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
-    }
-    return nullptr;
+    return new DSAIndexerTopKPlugin(*this);
 }
 
-IPluginV3* DSAIndexerTopKPlugin::clone() noexcept
-{
-    try
-    {
-        return new DSAIndexerTopKPlugin(*this);
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK clone: ") + e.what());
-    }
-    return nullptr;
-}
-
-char const* DSAIndexerTopKPlugin::getPluginName() const noexcept
-{
-    return kPLUGIN_NAME;
-}
-
-char const* DSAIndexerTopKPlugin::getPluginVersion() const noexcept
-{
-    return kPLUGIN_VERSION;
-}
-
-char const* DSAIndexerTopKPlugin::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-int32_t DSAIndexerTopKPlugin::getNbOutputs() const noexcept
-{
-    return 1;
-}
-
-void DSAIndexerTopKPlugin::validateShapes(Dims const* dims, int32_t nbInputs) const
+void DSAIndexerTopKPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
 {
     if (nbInputs != 3 && nbInputs != 4)
     {
@@ -131,42 +75,17 @@ void DSAIndexerTopKPlugin::validateShapes(Dims const* dims, int32_t nbInputs) co
         throw PluginError("DSAIndexerTopK expects q [B,S,H,D], k [B,T,D], w [B,S,H]; got q " + dimsToString(q) + ", k "
             + dimsToString(k) + ", w " + dimsToString(w));
     }
-    auto known = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
-    if (!known(q.d[0], k.d[0]) || !known(q.d[0], w.d[0]) || !known(q.d[1], w.d[1]) || !known(q.d[2], w.d[2])
-        || !known(q.d[3], k.d[2]))
+    if (!sameOrUnknown(q.d[0], k.d[0]) || !sameOrUnknown(q.d[0], w.d[0]) || !sameOrUnknown(q.d[1], w.d[1])
+        || !sameOrUnknown(q.d[2], w.d[2]) || !sameOrUnknown(q.d[3], k.d[2]))
     {
         throw PluginError("DSAIndexerTopK: inconsistent shapes q " + dimsToString(q) + ", k " + dimsToString(k)
             + ", w " + dimsToString(w));
     }
-    if (nbInputs == 4 && (dims[kIN_LENGTHS].nbDims != 1 || !known(dims[kIN_LENGTHS].d[0], q.d[0])))
+    if (nbInputs == 4 && (dims[kIN_LENGTHS].nbDims != 1 || !sameOrUnknown(dims[kIN_LENGTHS].d[0], q.d[0])))
     {
         throw PluginError("DSAIndexerTopK: lengths must be [B], got " + dimsToString(dims[kIN_LENGTHS]));
     }
-}
-
-int32_t DSAIndexerTopKPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (in == nullptr || nbOutputs != 1)
-        {
-            throw PluginError("DSAIndexerTopK: expected 1 output");
-        }
-        std::vector<Dims> dims;
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims.push_back(in[i].desc.dims);
-        }
-        validateShapes(dims.data(), nbInputs);
-        mNbInputs = nbInputs;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK configurePlugin: ") + e.what());
-    }
-    return -1;
+    mNbInputs = nbInputs;
 }
 
 int32_t DSAIndexerTopKPlugin::getOutputDataTypes(
@@ -185,8 +104,7 @@ int32_t DSAIndexerTopKPlugin::getOutputShapes(DimsExprs const* inputs, int32_t n
     DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
     IExprBuilder& exprBuilder) noexcept
 {
-    try
-    {
+    return guard("getOutputShapes", -1, [&]() {
         if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || (nbInputs != 3 && nbInputs != 4))
         {
             throw PluginError("expected 3 or 4 inputs and 1 output");
@@ -200,12 +118,7 @@ int32_t DSAIndexerTopKPlugin::getOutputShapes(DimsExprs const* inputs, int32_t n
         outputs[0].d[1] = inputs[kIN_Q].d[1];
         outputs[0].d[2] = exprBuilder.constant(mTopK);
         return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK getOutputShapes: ") + e.what());
-    }
-    return -1;
+    });
 }
 
 bool DSAIndexerTopKPlugin::supportsFormatCombination(
@@ -253,46 +166,10 @@ size_t DSAIndexerTopKPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inp
     return indexerTopKWorkspaceSize(q.d[0], q.d[1], k.d[1], q.d[2], q.d[3], mTopK);
 }
 
-char const* DSAIndexerTopKPlugin::getTimingCacheID() noexcept
-{
-    return mDescription.c_str();
-}
-
-char const* DSAIndexerTopKPlugin::getMetadataString() noexcept
-{
-    return mDescription.c_str();
-}
-
-int32_t DSAIndexerTopKPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (in == nullptr || nbOutputs != 1)
-        {
-            throw PluginError("expected 1 output");
-        }
-        std::vector<Dims> dims;
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims.push_back(in[i].dims);
-        }
-        validateShapes(dims.data(), nbInputs);
-        mNbInputs = nbInputs;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK onShapeChange: ") + e.what());
-    }
-    return -1;
-}
-
 int32_t DSAIndexerTopKPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
-    try
-    {
+    return guard("enqueue", -1, [&]() {
         if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
         {
             throw PluginError("null tensor descriptors or pointers");
@@ -323,110 +200,28 @@ int32_t DSAIndexerTopKPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginT
         size_t const wsBytes = indexerTopKWorkspaceSize(p.B, p.S, p.T, p.H, p.D, p.topk);
         checkKernelStatus(launchIndexerTopK(p, dtype, wDtype, workspace, wsBytes, stream), "DSAIndexerTopK kernel");
         return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK enqueue: ") + e.what());
-    }
-    return -1;
-}
-
-IPluginV3* DSAIndexerTopKPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
-{
-    return clone();
-}
-
-PluginFieldCollection const* DSAIndexerTopKPlugin::getFieldsToSerialize() noexcept
-{
-    return &mFieldCollection;
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
 
 DSAIndexerTopKPluginCreator::DSAIndexerTopKPluginCreator()
+    : DSAPluginCreatorBase(kPLUGIN_NAME,
+        {PluginField("topk", nullptr, PluginFieldType::kINT32, 1), PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1),
+            PluginField("causal", nullptr, PluginFieldType::kINT32, 1)})
 {
-    mFieldNames.emplace_back("topk", nullptr, PluginFieldType::kINT32, 1);
-    mFieldNames.emplace_back("scale", nullptr, PluginFieldType::kFLOAT32, 1);
-    mFieldNames.emplace_back("causal", nullptr, PluginFieldType::kINT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFieldNames.size());
-    mFieldCollection.fields = mFieldNames.data();
 }
 
-char const* DSAIndexerTopKPluginCreator::getPluginName() const noexcept
+IPluginV3* DSAIndexerTopKPluginCreator::create(PluginFieldReader const& fields, TensorRTPhase /*phase*/)
 {
-    return kPLUGIN_NAME;
-}
-
-char const* DSAIndexerTopKPluginCreator::getPluginVersion() const noexcept
-{
-    return kPLUGIN_VERSION;
-}
-
-char const* DSAIndexerTopKPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-PluginFieldCollection const* DSAIndexerTopKPluginCreator::getFieldNames() noexcept
-{
-    return &mFieldCollection;
-}
-
-IPluginV3* DSAIndexerTopKPluginCreator::createPlugin(
-    char const* name, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
-{
-    try
+    int64_t const topk = fields.requireInt("topk");
+    float const scale = fields.requireFloat("scale");
+    int64_t const causal = fields.getInt("causal", 1);
+    if (topk <= 0 || topk > 0x7fffffff)
     {
-        if (fc == nullptr || (fc->nbFields > 0 && fc->fields == nullptr))
-        {
-            throw PluginError("no plugin fields");
-        }
-        bool haveTopK = false;
-        bool haveScale = false;
-        int64_t topk = 0;
-        float scale = 0.F;
-        int64_t causal = 1;
-        for (int32_t i = 0; i < fc->nbFields; ++i)
-        {
-            PluginField const& f = fc->fields[i];
-            if (f.name == nullptr)
-            {
-                continue;
-            }
-            if (std::strcmp(f.name, "topk") == 0)
-            {
-                topk = readIntField(f);
-                haveTopK = true;
-            }
-            else if (std::strcmp(f.name, "scale") == 0)
-            {
-                scale = readFloatField(f);
-                haveScale = true;
-            }
-            else if (std::strcmp(f.name, "causal") == 0)
-            {
-                causal = readIntField(f);
-            }
-            else
-            {
-                logVerbose(std::string("DSAIndexerTopK: ignoring attribute '") + f.name + "'");
-            }
-        }
-        if (!haveTopK || !haveScale)
-        {
-            throw PluginError("attributes 'topk' and 'scale' are required");
-        }
-        if (topk <= 0 || topk > 0x7fffffff)
-        {
-            throw PluginError("attribute 'topk' must be in [1, 2^31), got " + std::to_string(topk));
-        }
-        return new DSAIndexerTopKPlugin(static_cast<int32_t>(topk), scale, causal != 0 ? 1 : 0);
+        throw PluginError("attribute 'topk' must be in [1, 2^31), got " + std::to_string(topk));
     }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSAIndexerTopK createPlugin(") + (name != nullptr ? name : "") + "): " + e.what());
-    }
-    return nullptr;
+    return new DSAIndexerTopKPlugin(static_cast<int32_t>(topk), scale, causal != 0 ? 1 : 0);
 }
 
 } // namespace plugin

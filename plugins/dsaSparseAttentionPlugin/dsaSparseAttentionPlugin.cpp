@@ -1,11 +1,8 @@
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
 
-#include "common/dsaPluginCommon.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
 
 #include <cmath>
-#include <cstring>
-#include <exception>
 
 using namespace nvinfer1;
 
@@ -21,20 +18,11 @@ constexpr int32_t kIN_K = 1;
 constexpr int32_t kIN_V = 2;
 constexpr int32_t kIN_INDICES = 3;
 constexpr int32_t kNB_INPUTS = 4;
-
-std::string dimsToString(Dims const& d)
-{
-    std::string s = "[";
-    for (int32_t i = 0; i < d.nbDims; ++i)
-    {
-        s += (i ? "," : "") + std::to_string(d.d[i]);
-    }
-    return s + "]";
-}
 } // namespace
 
 DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
-    : mScale(scale)
+    : DSAPluginBase(kPLUGIN_NAME)
+    , mScale(scale)
 {
     if (!std::isfinite(mScale))
     {
@@ -44,10 +32,7 @@ DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
 }
 
 DSASparseAttentionPlugin::DSASparseAttentionPlugin(DSASparseAttentionPlugin const& other)
-    : IPluginV3(other)
-    , IPluginV3OneCore(other)
-    , IPluginV3OneBuild(other)
-    , IPluginV3OneRuntime(other)
+    : DSAPluginBase(other)
     , mScale(other.mScale)
 {
     initFields();
@@ -56,57 +41,16 @@ DSASparseAttentionPlugin::DSASparseAttentionPlugin(DSASparseAttentionPlugin cons
 void DSASparseAttentionPlugin::initFields()
 {
     mFields.clear();
-    mFields.emplace_back("scale", &mScale, PluginFieldType::kFLOAT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
-    mFieldCollection.fields = mFields.data();
+    mFields.addFloat32("scale", &mScale);
     mDescription = "scale=" + std::to_string(mScale);
 }
 
-IPluginCapability* DSASparseAttentionPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
+DSAPluginBase* DSASparseAttentionPlugin::cloneImpl() const
 {
-    switch (type)
-    {
-    case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
-    case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
-    }
-    return nullptr;
+    return new DSASparseAttentionPlugin(*this);
 }
 
-IPluginV3* DSASparseAttentionPlugin::clone() noexcept
-{
-    try
-    {
-        return new DSASparseAttentionPlugin(*this);
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention clone: ") + e.what());
-    }
-    return nullptr;
-}
-
-char const* DSASparseAttentionPlugin::getPluginName() const noexcept
-{
-    return kPLUGIN_NAME;
-}
-
-char const* DSASparseAttentionPlugin::getPluginVersion() const noexcept
-{
-    return kPLUGIN_VERSION;
-}
-
-char const* DSASparseAttentionPlugin::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-int32_t DSASparseAttentionPlugin::getNbOutputs() const noexcept
-{
-    return 1;
-}
-
-void DSASparseAttentionPlugin::validateShapes(Dims const* dims, int32_t nbInputs) const
+void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
 {
     if (nbInputs != kNB_INPUTS)
     {
@@ -121,9 +65,9 @@ void DSASparseAttentionPlugin::validateShapes(Dims const* dims, int32_t nbInputs
         throw PluginError("DSASparseAttention expects q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], indices [B,S,K]; got q "
             + dimsToString(q) + ", k " + dimsToString(k) + ", v " + dimsToString(v) + ", indices " + dimsToString(idx));
     }
-    auto known = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
-    bool ok = known(q.d[0], k.d[0]) && known(q.d[0], v.d[0]) && known(q.d[0], idx.d[0]) && known(q.d[1], idx.d[1])
-        && known(k.d[1], v.d[1]) && known(k.d[2], v.d[2]) && known(q.d[3], k.d[3]);
+    bool ok = sameOrUnknown(q.d[0], k.d[0]) && sameOrUnknown(q.d[0], v.d[0]) && sameOrUnknown(q.d[0], idx.d[0])
+        && sameOrUnknown(q.d[1], idx.d[1]) && sameOrUnknown(k.d[1], v.d[1]) && sameOrUnknown(k.d[2], v.d[2])
+        && sameOrUnknown(q.d[3], k.d[3]);
     if (ok && q.d[2] > 0 && k.d[2] > 0)
     {
         ok = q.d[2] % k.d[2] == 0;
@@ -133,30 +77,6 @@ void DSASparseAttentionPlugin::validateShapes(Dims const* dims, int32_t nbInputs
         throw PluginError("DSASparseAttention: inconsistent shapes q " + dimsToString(q) + ", k " + dimsToString(k)
             + ", v " + dimsToString(v) + ", indices " + dimsToString(idx) + " (H must be a multiple of Hkv)");
     }
-}
-
-int32_t DSASparseAttentionPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (in == nullptr || nbOutputs != 1)
-        {
-            throw PluginError("expected 1 output");
-        }
-        std::vector<Dims> dims;
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims.push_back(in[i].desc.dims);
-        }
-        validateShapes(dims.data(), nbInputs);
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention configurePlugin: ") + e.what());
-    }
-    return -1;
 }
 
 int32_t DSASparseAttentionPlugin::getOutputDataTypes(
@@ -175,8 +95,7 @@ int32_t DSASparseAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32
     DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
     IExprBuilder& /*exprBuilder*/) noexcept
 {
-    try
-    {
+    return guard("getOutputShapes", -1, [&]() {
         if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
         {
             throw PluginError("expected 4 inputs and 1 output");
@@ -191,12 +110,7 @@ int32_t DSASparseAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32
         outputs[0].d[2] = inputs[kIN_Q].d[2];
         outputs[0].d[3] = inputs[kIN_V].d[3];
         return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention getOutputShapes: ") + e.what());
-    }
-    return -1;
+    });
 }
 
 bool DSASparseAttentionPlugin::supportsFormatCombination(
@@ -229,45 +143,10 @@ size_t DSASparseAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const*
     return 0;
 }
 
-char const* DSASparseAttentionPlugin::getTimingCacheID() noexcept
-{
-    return mDescription.c_str();
-}
-
-char const* DSASparseAttentionPlugin::getMetadataString() noexcept
-{
-    return mDescription.c_str();
-}
-
-int32_t DSASparseAttentionPlugin::onShapeChange(
-    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
-{
-    try
-    {
-        if (in == nullptr || nbOutputs != 1)
-        {
-            throw PluginError("expected 1 output");
-        }
-        std::vector<Dims> dims;
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims.push_back(in[i].dims);
-        }
-        validateShapes(dims.data(), nbInputs);
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention onShapeChange: ") + e.what());
-    }
-    return -1;
-}
-
 int32_t DSASparseAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
     void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
 {
-    try
-    {
+    return guard("enqueue", -1, [&]() {
         if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
         {
             throw PluginError("null tensor descriptors or pointers");
@@ -298,92 +177,19 @@ int32_t DSASparseAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, Plu
         p.scale = mScale;
         checkKernelStatus(launchSparseAttention(p, dtype, stream), "DSASparseAttention kernel");
         return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention enqueue: ") + e.what());
-    }
-    return -1;
-}
-
-IPluginV3* DSASparseAttentionPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept
-{
-    return clone();
-}
-
-PluginFieldCollection const* DSASparseAttentionPlugin::getFieldsToSerialize() noexcept
-{
-    return &mFieldCollection;
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
 
 DSASparseAttentionPluginCreator::DSASparseAttentionPluginCreator()
+    : DSAPluginCreatorBase(kPLUGIN_NAME, {PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1)})
 {
-    mFieldNames.emplace_back("scale", nullptr, PluginFieldType::kFLOAT32, 1);
-    mFieldCollection.nbFields = static_cast<int32_t>(mFieldNames.size());
-    mFieldCollection.fields = mFieldNames.data();
 }
 
-char const* DSASparseAttentionPluginCreator::getPluginName() const noexcept
+IPluginV3* DSASparseAttentionPluginCreator::create(PluginFieldReader const& fields, TensorRTPhase /*phase*/)
 {
-    return kPLUGIN_NAME;
-}
-
-char const* DSASparseAttentionPluginCreator::getPluginVersion() const noexcept
-{
-    return kPLUGIN_VERSION;
-}
-
-char const* DSASparseAttentionPluginCreator::getPluginNamespace() const noexcept
-{
-    return kPLUGIN_NAMESPACE;
-}
-
-PluginFieldCollection const* DSASparseAttentionPluginCreator::getFieldNames() noexcept
-{
-    return &mFieldCollection;
-}
-
-IPluginV3* DSASparseAttentionPluginCreator::createPlugin(
-    char const* name, PluginFieldCollection const* fc, TensorRTPhase /*phase*/) noexcept
-{
-    try
-    {
-        if (fc == nullptr || (fc->nbFields > 0 && fc->fields == nullptr))
-        {
-            throw PluginError("no plugin fields");
-        }
-        bool haveScale = false;
-        float scale = 0.F;
-        for (int32_t i = 0; i < fc->nbFields; ++i)
-        {
-            PluginField const& f = fc->fields[i];
-            if (f.name == nullptr)
-            {
-                continue;
-            }
-            if (std::strcmp(f.name, "scale") == 0)
-            {
-                scale = readFloatField(f);
-                haveScale = true;
-            }
-            else
-            {
-                logVerbose(std::string("DSASparseAttention: ignoring attribute '") + f.name + "'");
-            }
-        }
-        if (!haveScale)
-        {
-            throw PluginError("attribute 'scale' is required");
-        }
-        return new DSASparseAttentionPlugin(scale);
-    }
-    catch (std::exception const& e)
-    {
-        logError(std::string("DSASparseAttention createPlugin(") + (name != nullptr ? name : "") + "): " + e.what());
-    }
-    return nullptr;
+    return new DSASparseAttentionPlugin(fields.requireFloat("scale"));
 }
 
 } // namespace plugin
