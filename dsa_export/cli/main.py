@@ -17,6 +17,7 @@ from dsa_export.errors import DSAUsageError, DSAUserError
 
 # name -> (module, one-line help). Keep sorted by pipeline order.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("dsa_export.cli.plan_cmd", "Split a checkpoint into pipeline stages that each fit one GPU."),
     "export": ("dsa_export.cli.export_cmd", "Export a model to ONNX with DSA custom ops."),
     "calibrate": ("dsa_export.cli.calibrate_cmd", "Calibrate an exported model into INT8/FP8 Q/DQ ONNX."),
     "validate": ("dsa_export.cli.validate_cmd", "Compare an ONNX file against its PyTorch reference."),
