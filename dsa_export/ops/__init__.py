@@ -1,19 +1,40 @@
 """DSA ops: the contract, torch ops, NumPy references and the ONNX side (schemas, function bodies).
 
 The Python entry points validate their arguments against the op contract and then call the
-``torch.ops.dsa`` custom ops, which the ONNX exporter turns into ``dsa``-domain nodes.
+``torch.ops.dsa`` custom ops, which the ONNX exporter turns into ``dsa``-domain nodes: the two
+sparse-attention ops and the routed experts of a mixture-of-experts block.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, OPS, SPARSE_ATTENTION
+from dsa_export.errors import DSAUserError
+from dsa_export.ops.contract import (
+    DOMAIN,
+    INDEXER_TOPK,
+    MOE_ACTIVATIONS,
+    MOE_EXPERTS,
+    MOE_EXPERTS_FP8,
+    OPS,
+    SPARSE_ATTENTION,
+)
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DOMAIN", "INDEXER_TOPK", "OPS", "SPARSE_ATTENTION", "dsa_indexer_topk", "dsa_sparse_attention"]
+__all__ = [
+    "DOMAIN",
+    "INDEXER_TOPK",
+    "MOE_EXPERTS",
+    "MOE_EXPERTS_FP8",
+    "OPS",
+    "SPARSE_ATTENTION",
+    "dsa_indexer_topk",
+    "dsa_moe_experts",
+    "dsa_moe_experts_fp8",
+    "dsa_sparse_attention",
+]
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -64,3 +85,87 @@ def dsa_sparse_attention(
     _check(q.shape[2] % k.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k.shape[2]}.")
     _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]), "indices must be [B,S,K] of q.")
     return torch_ops.sparse_attention(q, k, v, indices.to(torch.int32), float(scale))
+
+
+def _user_check(condition: bool, message: str) -> None:
+    if not condition:
+        raise DSAUserError(message)
+
+
+def _check_routing(x, topk_ids, topk_weights, gate_up, down, activation: str) -> None:
+    import torch
+
+    _user_check(x.dim() == 2 and topk_ids.dim() == 2 and gate_up.dim() == 3 and down.dim() == 3,
+                "the routed-experts op expects x [N,H], topk_ids [N,K], gate_up [E,2I,H] and down [E,H,I].")
+    _user_check(tuple(topk_weights.shape) == tuple(topk_ids.shape),
+                f"topk_weights {tuple(topk_weights.shape)} must have the shape of topk_ids {tuple(topk_ids.shape)}.")
+    _user_check(topk_ids.shape[0] == x.shape[0], f"topk_ids has {topk_ids.shape[0]} rows but x has {x.shape[0]}.")
+    e, two_i, h = gate_up.shape
+    _user_check(h == x.shape[1] and two_i % 2 == 0 and tuple(down.shape) == (e, h, two_i // 2),
+                f"gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not match [E,2I,H] / [E,H,I] "
+                f"with H = {x.shape[1]}.")
+    _user_check(str(x.dtype).split(".")[-1] in _FLOAT_DTYPES, f"x has unsupported dtype {x.dtype}.")
+    _user_check(topk_weights.dtype in (torch.float32, x.dtype),
+                f"topk_weights must be float32 or x's dtype ({x.dtype}), not {topk_weights.dtype}.")
+    _user_check(not topk_ids.is_floating_point(), "topk_ids must be an integer tensor.")
+    _user_check(activation in MOE_ACTIVATIONS,
+                f"activation {activation!r} is not supported; use one of {', '.join(MOE_ACTIVATIONS)}.")
+
+
+def dsa_moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Routed experts of a MoE block over the tokens routed to each (see the op contract)."""
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    _check_routing(x, topk_ids, topk_weights, gate_up, down, activation)
+    _user_check(gate_up.dtype == x.dtype and down.dtype == x.dtype,
+                f"expert weights ({gate_up.dtype}, {down.dtype}) must have x's dtype {x.dtype}; FP8 weights "
+                "go through dsa_moe_experts_fp8.")
+    return torch_ops.moe_experts(x, topk_ids.to(torch.int32), topk_weights, gate_up, down, activation)
+
+
+def dsa_moe_experts_fp8(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_scale: torch.Tensor,
+    *,
+    block_size: int = 128,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Routed experts with FP8 e4m3 weights and one float32 scale per ``block_size`` square block."""
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    _check_routing(x, topk_ids, topk_weights, gate_up, down, activation)
+    _user_check(gate_up.dtype == torch.float8_e4m3fn and down.dtype == torch.float8_e4m3fn,
+                f"FP8 expert weights must be float8_e4m3fn, not {gate_up.dtype} / {down.dtype}.")
+    _user_check(int(block_size) >= 1, "block_size must be at least 1.")
+    e, two_i, h = gate_up.shape
+
+    def blocks(length: int) -> int:
+        return -(-length // int(block_size))
+
+    _user_check(tuple(gate_up_scale.shape) == (e, blocks(two_i), blocks(h)),
+                f"gate_up_scale {tuple(gate_up_scale.shape)} must be [E, ceil(2I/bs), ceil(H/bs)] = "
+                f"{(e, blocks(two_i), blocks(h))} for block_size {block_size}.")
+    _user_check(tuple(down_scale.shape) == (e, blocks(h), blocks(two_i // 2)),
+                f"down_scale {tuple(down_scale.shape)} must be [E, ceil(H/bs), ceil(I/bs)] = "
+                f"{(e, blocks(h), blocks(two_i // 2))} for block_size {block_size}.")
+    _user_check(gate_up_scale.dtype == torch.float32 and down_scale.dtype == torch.float32,
+                "FP8 block scales must be float32.")
+    return torch_ops.moe_experts_fp8(x, topk_ids.to(torch.int32), topk_weights, gate_up, down, gate_up_scale,
+                                     down_scale, int(block_size), activation)

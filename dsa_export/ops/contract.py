@@ -3,6 +3,11 @@
 This module is the bottom of the package: the exporter, the ONNX schemas, the references, the
 runtimes and the plugin library all read op names, attributes and I/O from here, so the contract
 is written down once.
+
+Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``) and the
+routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
+DeepSeek's FP8 block-scaled expert weights: an ONNX function body cannot test whether an optional
+input is present, so the FP8 form is its own op).
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ PLUGIN_VERSION = "1"
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION}
 
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+FP8_TYPES = ("tensor(float8e4m3fn)",)
+
+#: Standard-domain opset of a model without FP8 ops (see docs/ops.md on the default opset).
+BASE_OPSET = 18
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ class OpSpec:
     outputs: tuple[TensorSpec, ...]
     attributes: tuple[AttrSpec, ...]
     torch_name: str = ""  # the torch.library op, "dsa::<torch_name>"
+    #: Lowest standard-domain opset its function body can be written in.
+    min_opset: int = BASE_OPSET
     plugin_attributes: tuple[AttrSpec, ...] = field(
         default=(
             AttrSpec("plugin_namespace", "string", PLUGIN_NAMESPACE, "TensorRT plugin namespace."),
@@ -107,5 +118,65 @@ SPARSE_ATTENTION = OpSpec(
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
 )
 
+_MOE_DOC = (
+    "Routed experts of a mixture-of-experts block: out[n] = sum_k topk_weights[n,k] * "
+    "down[e] @ (act(gate[e] @ x[n]) * (up[e] @ x[n])), e = topk_ids[n,k], where gate[e] and up[e] "
+    "are rows 0..I-1 and I..2I-1 of gate_up[e] (transformers' packing). Slots whose id lies "
+    "outside [0,E) are skipped (-1 marks an empty slot); an expert that appears twice in a row "
+    "contributes twice. Accumulates in float32; the output has x's dtype."
+)
+
+_MOE_INPUTS = (
+    TensorSpec("x", "[N,H]", FLOAT_TYPES, type_var="T", doc="Token activations, tokens flattened."),
+    TensorSpec("topk_ids", "[N,K]", ("tensor(int32)",), doc="Expert of each routing slot; outside [0,E): skipped."),
+    # The routers compute their weights in float32 (transformers does so in bf16 checkpoints too).
+    TensorSpec("topk_weights", "[N,K]", FLOAT_TYPES, type_var="TW",
+               doc="Weight of each routing slot (float32, or x's dtype)."),
+)
+
+_ACTIVATION = AttrSpec("activation", "string", "silu", "Activation of the gate projection; only 'silu'.")
+
+#: The activations the op (every implementation) supports.
+MOE_ACTIVATIONS = ("silu",)
+
+MOE_EXPERTS = OpSpec(
+    name="DSAMoEExperts",
+    torch_name="moe_experts",
+    doc=_MOE_DOC,
+    inputs=(
+        *_MOE_INPUTS,
+        TensorSpec("gate_up", "[E,2I,H]", FLOAT_TYPES, type_var="T",
+                   doc="Gate (rows 0..I-1) and up (rows I..2I-1) projections of every expert, x's dtype."),
+        TensorSpec("down", "[E,H,I]", FLOAT_TYPES, type_var="T", doc="Down projection of every expert, x's dtype."),
+    ),
+    outputs=(TensorSpec("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
+    attributes=(_ACTIVATION,),
+)
+
+MOE_EXPERTS_FP8 = OpSpec(
+    name="DSAMoEExpertsFP8",
+    torch_name="moe_experts_fp8",
+    doc=_MOE_DOC + (
+        " gate_up and down are float8e4m3fn with one float32 scale per (block_size x block_size) "
+        "block (DeepSeek's weight_scale_inv layout): weight = fp8 value * scale of its block; the "
+        "last block of a dimension that is not a multiple of block_size is partial."
+    ),
+    inputs=(
+        *_MOE_INPUTS,
+        TensorSpec("gate_up", "[E,2I,H]", FP8_TYPES, type_var="TQ", doc="FP8 gate/up projections."),
+        TensorSpec("down", "[E,H,I]", FP8_TYPES, type_var="TQ", doc="FP8 down projections."),
+        TensorSpec("gate_up_scale", "[E,ceil(2I/bs),ceil(H/bs)]", ("tensor(float)",), type_var="TS",
+                   doc="Block scales of gate_up."),
+        TensorSpec("down_scale", "[E,ceil(H/bs),ceil(I/bs)]", ("tensor(float)",), type_var="TS",
+                   doc="Block scales of down."),
+    ),
+    outputs=(TensorSpec("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
+    attributes=(_ACTIVATION, AttrSpec("block_size", "int", 128, "Edge of the square scale blocks.")),
+    # float8 tensors and blocked DequantizeLinear need opset 21.
+    min_opset=21,
+)
+
 #: Every op of the domain, by ONNX op_type.
-OPS: dict[str, OpSpec] = {spec.name: spec for spec in (INDEXER_TOPK, SPARSE_ATTENTION)}
+OPS: dict[str, OpSpec] = {
+    spec.name: spec for spec in (INDEXER_TOPK, SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8)
+}

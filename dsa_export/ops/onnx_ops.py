@@ -4,8 +4,9 @@
   (full check) and the onnxscript-based exporter accept ``dsa`` nodes.
 * :func:`function_protos` builds one local function per op with only standard ONNX ops. ONNX
   Runtime and the TensorRT(-RTX) parser execute a node through it when no plugin is registered.
-  Bodies are mask-based: the selected indices are scattered into a ``[B,S,T]`` mask and a masked
-  softmax attention runs, so no ``[B,S,K,D]`` gather is ever materialized.
+  Attention bodies are mask-based: the selected indices are scattered into a ``[B,S,T]`` mask and a
+  masked softmax attention runs, so no ``[B,S,K,D]`` gather is ever materialized. The routed-experts
+  bodies (:mod:`dsa_export.ops.moe_onnx`) loop over the active experts and tiles of their tokens.
 * :func:`translation_table` maps the torch custom ops to onnxscript functions emitting the nodes.
 """
 
@@ -20,10 +21,14 @@ from dsa_export.ops.contract import (
     DOMAIN,
     DOMAIN_VERSION,
     INDEXER_TOPK,
+    MOE_ACTIVATIONS,
+    MOE_EXPERTS_FP8,
+    OPS,
     PLUGIN_ATTRIBUTES,
     SPARSE_ATTENTION,
     OpSpec,
 )
+from dsa_export.ops.onnx_graph import Body as _Body
 
 _ATTR_TYPES = {"int": AttributeProto.INT, "float": AttributeProto.FLOAT, "string": AttributeProto.STRING}
 
@@ -60,49 +65,13 @@ def _schema(spec: OpSpec) -> onnx.defs.OpSchema:
 @functools.cache
 def register_schemas() -> None:
     """Register the ``dsa`` schemas with ONNX (idempotent, also across already-registered ones)."""
-    for spec in (INDEXER_TOPK, SPARSE_ATTENTION):
+    for spec in OPS.values():
         try:
             onnx.defs.get_schema(spec.name, DOMAIN_VERSION, DOMAIN)
             continue
         except onnx.defs.SchemaError:
             pass
         onnx.defs.register_schema(_schema(spec))
-
-
-class _Body:
-    """A tiny builder that names intermediate values deterministically."""
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-        self._n = 0
-
-    def __call__(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> str | list[str]:
-        names = [f"{self.prefix}_{self._n}_{i}" for i in range(outputs)]
-        self._n += 1
-        node = helper.make_node(op_type, list(inputs), names, name=f"{self.prefix}/{op_type}_{self._n - 1}")
-        for key, value in attrs.items():
-            if isinstance(value, AttributeProto):
-                value.name = key
-                node.attribute.append(value)
-            else:
-                node.attribute.append(helper.make_attribute(key, value))
-        self.nodes.append(node)
-        return names[0] if outputs == 1 else names
-
-    def const(self, value, dtype=TensorProto.INT64) -> str:
-        values = value if isinstance(value, (list, tuple)) else [value]
-        dims = [len(values)] if isinstance(value, (list, tuple)) else []
-        return self("Constant", value=helper.make_tensor("v", dtype, dims, values))
-
-    def ref(self, attr: str, kind: int) -> str:
-        """A Constant whose value is the function attribute ``attr`` (``ref_attr_name``)."""
-        field = {AttributeProto.INT: "value_int", AttributeProto.FLOAT: "value_float"}[kind]
-        proto = AttributeProto(name=field, ref_attr_name=attr, type=kind)
-        return self("Constant", **{field: proto})
-
-    def rename_last(self, name: str) -> None:
-        self.nodes[-1].output[0] = name
 
 
 def _indexer_function(opset: int) -> FunctionProto:
@@ -198,9 +167,29 @@ def _function(spec: OpSpec, body: _Body, opset: int) -> FunctionProto:
     )
 
 
-def function_protos(opset: int) -> list[FunctionProto]:
-    """The local functions of every ``dsa`` op, for a model of standard-domain ``opset``."""
-    return [_indexer_function(opset), _sparse_attention_function(opset)]
+def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionProto]:
+    """The local functions of the ``dsa`` ops whose body ``opset`` can express.
+
+    DSAMoEExpertsFP8 needs opset 21 (float8 tensors, blocked DequantizeLinear); below that it has
+    no body and a model using it must be exported at a higher opset. ``fp8_body`` picks its
+    construction: ``expert`` (one expert dequantized at a time, for ONNX Runtime) or ``stack``
+    (the one TensorRT(-RTX) can build), see :mod:`dsa_export.ops.moe_onnx`.
+    """
+    from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function
+
+    functions = [_indexer_function(opset), _sparse_attention_function(opset), moe_experts_function(opset)]
+    if opset >= MOE_EXPERTS_FP8.min_opset:
+        functions.append(moe_experts_fp8_function(opset, fp8_body))
+    return functions
+
+
+def _checked_activation(activation: str) -> str:
+    from dsa_export.errors import DSAUserError
+
+    if activation not in MOE_ACTIVATIONS:
+        raise DSAUserError(f"the routed-experts op supports activation {', '.join(MOE_ACTIVATIONS)}, not "
+                           f"{activation!r}; use a model with SiLU experts.")
+    return activation
 
 
 def translation_table() -> dict:
@@ -226,7 +215,19 @@ def translation_table() -> dict:
     def sparse_attention(q, k, v, indices, scale: float):
         return dsa.DSASparseAttention(q, k, v, indices, scale=scale, **PLUGIN_ATTRIBUTES)
 
+    def moe_experts(x, topk_ids, topk_weights, gate_up, down, activation: str = "silu"):
+        return dsa.DSAMoEExperts(x, topk_ids, topk_weights, gate_up, down, activation=_checked_activation(activation),
+                                 **PLUGIN_ATTRIBUTES)
+
+    def moe_experts_fp8(x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale, block_size: int = 128,
+                        activation: str = "silu"):
+        return dsa.DSAMoEExpertsFP8(x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale,
+                                    activation=_checked_activation(activation), block_size=int(block_size),
+                                    **PLUGIN_ATTRIBUTES)
+
     return {
         torch.ops.dsa.indexer_topk.default: indexer_topk,
         torch.ops.dsa.sparse_attention.default: sparse_attention,
+        torch.ops.dsa.moe_experts.default: moe_experts,
+        torch.ops.dsa.moe_experts_fp8.default: moe_experts_fp8,
     }

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from dsa_export.ops.contract import DOMAIN
+from dsa_export.ops.contract import DOMAIN, MOE_ACTIVATIONS
 
 
 def _as_float64(x: np.ndarray) -> np.ndarray:
-    # ml_dtypes.bfloat16 arrays convert through float32.
+    # ml_dtypes.bfloat16 / float8 arrays convert through float32.
     return np.asarray(x).astype(np.float32).astype(np.float64)
 
 
@@ -70,6 +70,50 @@ def sparse_attention_reference(
     return out.astype(np.asarray(q).dtype)
 
 
+def _check_activation(activation) -> str:
+    activation = activation.decode() if isinstance(activation, bytes) else str(activation)
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not supported; use one of {MOE_ACTIVATIONS}.")
+    return activation
+
+
+def dequantize_fp8_reference(weight: np.ndarray, scale: np.ndarray, block_size: int) -> np.ndarray:
+    """float64 ``[..., R, C]``: each FP8 value times the scale of its ``block_size`` block."""
+    w64 = _as_float64(weight)
+    rows, cols = w64.shape[-2:]
+    full = np.repeat(np.repeat(np.asarray(scale, np.float64), block_size, axis=-2)[..., :rows, :], block_size, axis=-1)
+    return w64 * full[..., :cols]
+
+
+def moe_experts_reference(
+    x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray, gate_up: np.ndarray, down: np.ndarray,
+    *, activation: str = "silu",
+) -> np.ndarray:
+    """``[N,H]`` in x's dtype: the contract's sum over routing slots, slot by slot, in float64."""
+    _check_activation(activation)
+    x64, w64, gu, dn = _as_float64(x), _as_float64(topk_weights), _as_float64(gate_up), _as_float64(down)
+    n_experts, inter = gu.shape[0], dn.shape[2]
+    out = np.zeros(x64.shape, dtype=np.float64)
+    for token in range(x64.shape[0]):
+        for slot in range(topk_ids.shape[1]):
+            e = int(topk_ids[token, slot])
+            if not 0 <= e < n_experts:
+                continue
+            proj = gu[e] @ x64[token]
+            gate, up = proj[:inter], proj[inter:]
+            out[token] += w64[token, slot] * (dn[e] @ (gate / (1.0 + np.exp(-gate)) * up))
+    return out.astype(np.asarray(x).dtype)
+
+
+def moe_experts_fp8_reference(
+    x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray, gate_up: np.ndarray, down: np.ndarray,
+    gate_up_scale: np.ndarray, down_scale: np.ndarray, *, block_size: int = 128, activation: str = "silu",
+) -> np.ndarray:
+    """:func:`moe_experts_reference` of the block-dequantized FP8 weights."""
+    return moe_experts_reference(x, topk_ids, topk_weights, dequantize_fp8_reference(gate_up, gate_up_scale, block_size),
+                                 dequantize_fp8_reference(down, down_scale, block_size), activation=activation)
+
+
 class DSAIndexerTopK(OpRun):
     op_domain = DOMAIN
 
@@ -85,6 +129,23 @@ class DSASparseAttention(OpRun):
         return (sparse_attention_reference(q, k, v, indices, scale=float(scale)),)
 
 
+class DSAMoEExperts(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, x, topk_ids, topk_weights, gate_up, down, activation="silu", plugin_namespace=None,
+             plugin_version=None):
+        return (moe_experts_reference(x, topk_ids, topk_weights, gate_up, down, activation=activation),)
+
+
+class DSAMoEExpertsFP8(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale, activation="silu",
+             block_size=128, plugin_namespace=None, plugin_version=None):
+        return (moe_experts_fp8_reference(x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale,
+                                          block_size=int(block_size), activation=activation),)
+
+
 #: OpRun classes keyed by op name, for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``.
-REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention]
+REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
 REFERENCE_BY_NAME = {cls.__name__: cls for cls in REFERENCE_OPS}

@@ -1,17 +1,22 @@
-"""torch.library custom ops ``dsa::indexer_topk`` and ``dsa::sparse_attention``.
+"""torch.library custom ops ``dsa::indexer_topk``, ``dsa::sparse_attention``, ``dsa::moe_experts``
+and ``dsa::moe_experts_fp8``.
 
 The implementations are plain torch (they run on any device) and are both the reference of the
 contract and the CPU deployment path, so they are written for speed as well as clarity: queries
 are processed in chunks that bound memory, and the selected key/value rows are gathered once per
-kv head and reused by every query head of that group. The fake (meta) kernels give the exporter
-output shapes with symbolic batch and sequence dims.
+kv head and reused by every query head of that group. The routed experts sort the routing slots
+by expert and run one GEMM pair per active expert over exactly its tokens (FP8 weights are
+dequantized one expert at a time). The fake (meta) kernels give the exporter output shapes with
+symbolic batch and sequence dims.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from dsa_export.ops.contract import DOMAIN
+from dsa_export.ops.contract import DOMAIN, MOE_ACTIVATIONS
 
 # Bytes of float32 scratch one chunk of queries may use; keeps long sequences within cache-friendly
 # working sets on CPU and bounded on GPU.
@@ -162,3 +167,105 @@ def sparse_attention(
 @sparse_attention.register_fake
 def _sparse_attention_fake(q, k, v, indices, scale):
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not supported; use one of {MOE_ACTIVATIONS}.")
+
+
+def routed_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    n_experts: int,
+    expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """The routed-experts sum with ``expert_weights(e) -> (gate_up [2I,H], down [H,I])`` in float32.
+
+    The slots are sorted by expert once (a stable argsort; skipped slots sort last) so each active
+    expert sees exactly its tokens, in one GEMM pair per chunk of rows: memory is the float32
+    output plus one chunk's ``[rows, 2I]`` activations and one expert's weights.
+    """
+    n, hidden = x.shape
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    key = torch.where((flat >= 0) & (flat < n_experts), flat, n_experts)
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=n_experts + 1).tolist()
+    tokens = order // k
+    slot_weight = topk_weights.reshape(-1).float().index_select(0, order)
+    out = torch.zeros(n, hidden, dtype=torch.float32, device=x.device)
+    start = 0
+    for expert, count in enumerate(counts[:n_experts]):
+        if count == 0:
+            continue
+        gate_up, down = expert_weights(expert)
+        inter = down.shape[1]
+        rows = _chunk_rows(count, (2 * inter + hidden) * 4)
+        for lo in range(start, start + count, rows):
+            hi = min(start + count, lo + rows)
+            token = tokens[lo:hi]
+            proj = torch.matmul(x.index_select(0, token).float(), gate_up.t())  # [rows, 2I]
+            gate, up = proj[:, :inter], proj[:, inter:]
+            hidden_states = torch.nn.functional.silu(gate, inplace=True).mul_(up)
+            y = torch.matmul(hidden_states, down.t()).mul_(slot_weight[lo:hi, None])
+            out.index_add_(0, token, y)
+        start += count
+    return out.to(x.dtype)
+
+
+@torch.library.custom_op(f"{DOMAIN}::moe_experts", mutates_args=())
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    _check_activation(activation)
+    return routed_experts(x, topk_ids, topk_weights, gate_up.shape[0],
+                          lambda e: (gate_up[e].float(), down[e].float()))
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(x, topk_ids, topk_weights, gate_up, down, activation="silu"):
+    return x.new_empty(x.shape)
+
+
+def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block_size: int) -> torch.Tensor:
+    """float32 ``[R, C]``: FP8 ``weight`` times the scale of its ``block_size`` block (partial last blocks)."""
+    rows, cols = weight.shape
+    if rows % block_size == 0 and cols % block_size == 0:
+        # Whole blocks (every DeepSeek/GLM shape): one broadcast multiply, no expanded scale.
+        blocks = weight.float().view(rows // block_size, block_size, cols // block_size, block_size)
+        return blocks.mul_(scale.float()[:, None, :, None]).view(rows, cols)
+    full = scale.float().repeat_interleave(block_size, dim=0)[:rows].repeat_interleave(block_size, dim=1)[:, :cols]
+    return weight.float().mul_(full)
+
+
+@torch.library.custom_op(f"{DOMAIN}::moe_experts_fp8", mutates_args=())
+def moe_experts_fp8(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_scale: torch.Tensor,
+    block_size: int = 128,
+    activation: str = "silu",
+) -> torch.Tensor:
+    _check_activation(activation)
+    return routed_experts(
+        x, topk_ids, topk_weights, gate_up.shape[0],
+        lambda e: (dequantize_blocks(gate_up[e], gate_up_scale[e], block_size),
+                   dequantize_blocks(down[e], down_scale[e], block_size)),
+    )
+
+
+@moe_experts_fp8.register_fake
+def _moe_experts_fp8_fake(x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale, block_size=128,
+                          activation="silu"):
+    return x.new_empty(x.shape)
