@@ -130,6 +130,12 @@ def annotate_custom_outputs(model: onnx.ModelProto) -> None:
         elif node.op_type == "DSASparseAttention":
             v = known[node.input[2]]
             dims, elem = [qd[0], qd[1], qd[2], _shape_dims(v)[3]], q.type.tensor_type.elem_type
+        elif node.op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):
+            opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+            if opset < OPS[node.op_type].min_opset:
+                raise DSAUserError(f"{node.op_type} (FP8 experts) needs opset {OPS[node.op_type].min_opset} or "
+                                   f"higher, not {opset}; export with --opset {OPS[node.op_type].min_opset}.")
+            dims, elem = qd, q.type.tensor_type.elem_type  # out: x's shape and dtype
         else:
             raise RuntimeError(f"unknown {DOMAIN} op {node.op_type}")
         info = helper.make_tensor_value_info(node.output[0], elem, dims)
