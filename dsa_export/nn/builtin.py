@@ -11,6 +11,14 @@ BUILTIN_CONFIGS: dict[str, DSAModelConfig] = {
     # sparse selection is exercised.
     "tiny": DSAModelConfig(name="tiny"),
     "tiny-expanded": DSAModelConfig(name="tiny-expanded", mla_form="expanded"),
+    # One layer of each attention kind, DeepSeek-V3-style MoE blocks after the first (dense-MLP)
+    # layer: 16 routed experts in 4 groups (tokens pick 2 groups, then 4 experts), one shared
+    # expert, scaling 2.5. Three layers keep its export (the slow part of its tests) short.
+    "tiny-moe": DSAModelConfig(
+        name="tiny-moe", layer_types=("local", "dsa", "hybrid"), moe_experts=16, moe_top_k=4,
+        moe_intermediate_size=32, moe_shared_experts=1, moe_first_dense=1, moe_n_group=4, moe_topk_group=2,
+        moe_routed_scaling_factor=2.5,
+    ),
     # The seed design's schedule at a size where sparsity matters: window 128, top-k 256.
     "small": DSAModelConfig(
         name="small",

@@ -41,6 +41,19 @@ class DSAModelConfig:
     #: Sliding-window layers: window length and head size.
     sliding_window: int = 16
     local_head_dim: int = 16
+    #: Mixture of experts (DeepSeek-V3 style): with ``moe_experts`` > 0, every layer from index
+    #: ``moe_first_dense`` on replaces the dense MLP with a sigmoid-routed MoE block (routed
+    #: experts of ``moe_intermediate_size`` through the ``dsa`` op, plus ``moe_shared_experts``).
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_intermediate_size: int = 32
+    moe_shared_experts: int = 1
+    moe_first_dense: int = 1
+    #: Group-limited routing: experts in ``moe_n_group`` groups, tokens pick from ``moe_topk_group``.
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    moe_norm_topk_prob: bool = True
+    moe_routed_scaling_factor: float = 1.0
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
@@ -60,6 +73,23 @@ class DSAModelConfig:
             raise ValueError("qk_rope_head_dim must be at most local_head_dim.")
         if min(self.index_topk, self.sliding_window, self.num_heads, self.index_n_heads) < 1:
             raise ValueError("index_topk, sliding_window, num_heads and index_n_heads must be >= 1.")
+        if self.moe_experts:
+            self._check_moe()
+
+    def _check_moe(self) -> None:
+        e, groups = self.moe_experts, self.moe_n_group
+        if e < 1 or groups < 1 or e % groups or not 1 <= self.moe_topk_group <= groups:
+            raise ValueError("moe_n_group must divide moe_experts and 1 <= moe_topk_group <= moe_n_group.")
+        if groups > 1 and e // groups < 2:
+            raise ValueError("group-limited routing needs at least two experts per group.")
+        if not 1 <= self.moe_top_k <= self.moe_topk_group * (e // groups):
+            raise ValueError("moe_top_k must be between 1 and the experts of the selected groups.")
+        if self.moe_intermediate_size < 1 or self.moe_shared_experts < 0 or self.moe_first_dense < 0:
+            raise ValueError("moe_intermediate_size must be >= 1, moe_shared_experts and moe_first_dense >= 0.")
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` has a MoE block instead of the dense MLP."""
+        return self.moe_experts > 0 and index >= self.moe_first_dense
 
     @property
     def num_layers(self) -> int:

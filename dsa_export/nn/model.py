@@ -9,16 +9,28 @@ from torch import nn
 
 from dsa_export.nn.config import DSAModelConfig
 from dsa_export.nn.layers import RMSNorm, SwiGLU, make_attention, rope_tables
+from dsa_export.nn.moe import RoutedMoE
+
+
+def make_mlp(cfg: DSAModelConfig, index: int) -> nn.Module:
+    """The dense SwiGLU MLP, or the MoE block on the config's MoE layers."""
+    if not cfg.is_moe_layer(index):
+        return SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+    return RoutedMoE.build(
+        cfg.hidden_size, cfg.moe_intermediate_size, cfg.moe_experts, top_k=cfg.moe_top_k,
+        n_shared=cfg.moe_shared_experts, n_group=cfg.moe_n_group, topk_group=cfg.moe_topk_group,
+        norm_topk_prob=cfg.moe_norm_topk_prob, routed_scaling_factor=cfg.moe_routed_scaling_factor,
+    )
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DSAModelConfig, layer_type: str):
+    def __init__(self, cfg: DSAModelConfig, layer_type: str, index: int = 0):
         super().__init__()
         self.layer_type = layer_type
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = make_attention(cfg, layer_type)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = make_mlp(cfg, index)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin)
@@ -32,7 +44,7 @@ class DSACausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t, i) for i, t in enumerate(cfg.layer_types))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -51,18 +63,27 @@ class DSACausalLM(nn.Module):
         """Seeded LeCun-normal weights so every build of a named config is bit-identical.
 
         Each parameter draws from its own generator seeded by (seed, name), so a parameter's value
-        does not depend on which other layers the schedule contains.
+        does not depend on which other layers the schedule contains. Stacked expert weights
+        ``[E, out, in]`` are drawn like E matrices; the MoE routers' score correction bias is small
+        and non-zero so that it takes part in the routing.
         """
+
+        def generator(name: str) -> torch.Generator:
+            return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+
         for name, param in self.named_parameters():
-            gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+            gen = generator(name)
             if name.endswith("norm.weight") or name.endswith("k_norm.weight"):
                 param.fill_(1.0)
             elif name.endswith(".bias"):
                 param.zero_()
-            elif param.dim() == 2:
-                fan_in = param.shape[0] if "embed_tokens" in name else param.shape[1]
+            elif param.dim() >= 2:
+                fan_in = param.shape[0] if "embed_tokens" in name else param.shape[-1]
                 scale = 1.0 if "embed_tokens" in name else fan_in**-0.5
                 param.copy_(torch.randn(param.shape, generator=gen) * scale)
+        for name, buffer in self.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=generator(name)) * 0.05)
         return self
 
 
