@@ -628,11 +628,11 @@ def write_checkpoint(path: str | os.PathLike, kind: str, *, layers: int, dense_l
             raise DSAUserError(f"'{final}' already exists and is not empty; choose a new directory or pass overwrite.")
         if not (final / "config.json").is_file():
             raise DSAUserError(f"'{final}' holds no checkpoint (no config.json); refusing to replace it.")
-    final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{final.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
         names = plan.shard_names()
         weight_map = {}
         for name, tensors in zip(names, plan.shards(), strict=True):
@@ -644,9 +644,13 @@ def write_checkpoint(path: str | os.PathLike, kind: str, *, layers: int, dense_l
         (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         (staging / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
         (staging / "generation_config.json").write_text(json.dumps(plan.generation_config, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final) if any(final.iterdir()) else final.rmdir()
+        if final.exists():  # empty, or the earlier checkpoint overwrite replaces
+            shutil.rmtree(final)
         os.replace(staging, final)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DSAUserError(f"writing the checkpoint into '{final}' failed ({exc.strerror or exc}); check the free "
+                           "space and permissions there or choose another directory.") from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

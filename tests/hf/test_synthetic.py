@@ -352,6 +352,8 @@ def test_existing_directories_are_kept_unless_overwrite_replaces_a_checkpoint(tm
     with pytest.raises(DSAUserError, match="holds no checkpoint"):
         write_checkpoint(tmp_path / "notes", "glm_moe_dsa", overwrite=True, **args)
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+    with pytest.raises(DSAUserError, match="failed .*choose another directory"):
+        write_checkpoint(tmp_path / "notes" / "keep.txt" / "ckpt", "glm_moe_dsa", **args)
     first = write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=1, **args)
     before = file_digests(first.path)
     again = write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=2, overwrite=True, **args)
