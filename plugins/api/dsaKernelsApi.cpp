@@ -6,9 +6,11 @@
 
 #include "common/dsaKernelCommon.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
+#include "dsaMoEExpertsPlugin/dsaMoEExpertsKernel.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
 
 #include <exception>
+#include <string>
 
 extern "C"
 {
@@ -154,6 +156,91 @@ DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype)
         return -1;
     }
     return dsa::indexerTopKPath(H, D, static_cast<dsa::DType>(dtype), dev.smMajor);
+}
+
+DSA_API size_t dsa_moe_experts_workspace_size(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype)
+{
+    if (!dsa::isValidDType(dtype))
+    {
+        return 0;
+    }
+    return dsa::moeExpertsWorkspaceSize(N, K, E, H, I, static_cast<dsa::DType>(dtype));
+}
+
+DSA_API size_t dsa_moe_experts_min_workspace_size(int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype)
+{
+    if (!dsa::isValidDType(dtype))
+    {
+        return 0;
+    }
+    return dsa::moeExpertsMinWorkspaceSize(K, E, H, I, static_cast<dsa::DType>(dtype));
+}
+
+DSA_API int32_t dsa_moe_experts(void const* x, int32_t const* topk_ids, void const* topk_weights,
+    void const* gate_up, void const* down, float const* gate_up_scale, float const* down_scale, void* out,
+    int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype, int32_t weights_dtype,
+    int32_t expert_dtype, int64_t block_size, int32_t activation, int32_t path, void* workspace,
+    size_t workspace_bytes, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype) || !dsa::isValidDType(weights_dtype) || !dsa::isValidWeightDType(expert_dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_moe_experts: unknown dtype code");
+        }
+        if (activation != DSA_ACTIVATION_SILU)
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT,
+                "dsa_moe_experts: unknown activation code " + std::to_string(activation) + " (0 = silu)");
+        }
+        dsa::MoEExpertsParams p;
+        p.x = x;
+        p.topkIds = topk_ids;
+        p.topkWeights = topk_weights;
+        p.gateUp = gate_up;
+        p.down = down;
+        p.gateUpScale = gate_up_scale;
+        p.downScale = down_scale;
+        p.out = out;
+        p.N = N;
+        p.K = K;
+        p.E = E;
+        p.H = H;
+        p.I = I;
+        p.blockSize = block_size;
+        p.dtype = static_cast<dsa::DType>(dtype);
+        p.weightsDtype = static_cast<dsa::DType>(weights_dtype);
+        p.expertDtype = static_cast<dsa::DType>(expert_dtype);
+        p.activation = dsa::MoEActivation::kSILU;
+        p.path = path;
+        return dsa::launchMoEExperts(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_moe_experts: unknown exception");
+    }
+}
+
+DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype,
+    int32_t expert_dtype, int64_t block_size)
+{
+    if (!dsa::isValidDType(dtype) || !dsa::isValidWeightDType(expert_dtype)
+        || (expert_dtype != dtype && expert_dtype != DSA_DTYPE_FP8_E4M3))
+    {
+        return -1;
+    }
+    dsa::DeviceInfo dev;
+    if (!dsa::currentDeviceInfo(dev))
+    {
+        return -1;
+    }
+    return dsa::moeExpertsPath(N, K, E, H, I, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(expert_dtype),
+        block_size, dev.smMajor);
 }
 
 } // extern "C"

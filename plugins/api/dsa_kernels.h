@@ -23,13 +23,21 @@ extern "C"
 {
 #endif
 
-/* Element types; values are stable across releases. */
+/* Element types; values are stable across releases. FP8 e4m3 is only a weight type (the expert
+ * matrices of dsa_moe_experts); activations are one of the first three. */
 typedef enum
 {
     DSA_DTYPE_FLOAT32 = 0,
     DSA_DTYPE_FLOAT16 = 1,
-    DSA_DTYPE_BFLOAT16 = 2
+    DSA_DTYPE_BFLOAT16 = 2,
+    DSA_DTYPE_FP8_E4M3 = 3
 } dsa_dtype_t;
+
+/* Activations of dsa_moe_experts. */
+typedef enum
+{
+    DSA_ACTIVATION_SILU = 0
+} dsa_activation_t;
 
 /* Status codes; 0 is success. */
 typedef enum
@@ -41,8 +49,10 @@ typedef enum
     DSA_STATUS_CUDA_ERROR = 4
 } dsa_status_t;
 
-/* Version of this ABI (bumped on any incompatible change). */
-#define DSA_KERNELS_ABI_VERSION 1
+/* Version of this ABI: bumped whenever entry points are added or changed, so that a binding can
+ * tell whether the symbols it was written for are all there (version 2 added dsa_moe_experts*,
+ * DSA_DTYPE_FP8_E4M3 and dsa_activation_t; the version-1 entry points are unchanged). */
+#define DSA_KERNELS_ABI_VERSION 2
 DSA_API int32_t dsa_kernels_abi_version(void);
 
 /* Human-readable name of a status code. */
@@ -78,6 +88,38 @@ DSA_API size_t dsa_sparse_attention_workspace_size(
 DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v, int32_t const* indices, void* out,
     int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K, float scale,
     int32_t dtype, void* stream);
+
+/*
+ * DSAMoEExperts / DSAMoEExpertsFP8 (routed experts).
+ *   x [N,H] (dtype), topk_ids [N,K] int32, topk_weights [N,K] (weights_dtype: FLOAT32 or dtype),
+ *   gate_up [E,2I,H] and down [E,H,I] (expert_dtype: dtype, or FP8_E4M3 with the float32 block
+ *   scales gate_up_scale [E,ceil(2I/bs),ceil(H/bs)] and down_scale [E,ceil(H/bs),ceil(I/bs)],
+ *   bs = block_size; NULL otherwise), out [N,H] (dtype).
+ *   out[n] = sum_k topk_weights[n,k] * down[e] @ (silu(gate_up[e,:I] @ x[n]) * (gate_up[e,I:] @ x[n])),
+ *   e = topk_ids[n,k]; slots with e outside [0,E) are skipped; accumulation in float32.
+ *   Deterministic: the same inputs give the same bits on every run, whatever the batch.
+ * The workspace holds one pass of tokens (routing tables, the intermediate activation in dtype and
+ * one float32 row of H per slot); dsa_moe_experts_workspace_size() is that for all N tokens, capped
+ * at 1 GiB, and monotone in every argument. A smaller workspace (at least the minimum, one token)
+ * makes the launcher run several passes. `path`: -1 picks the kernels (normal use); 0..3 force one
+ * (see dsa_moe_experts_path) for tests and benchmarks and fail with DSA_STATUS_UNSUPPORTED when it
+ * cannot take the arguments. Needs 1 <= E <= 8192.
+ */
+DSA_API size_t dsa_moe_experts_workspace_size(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype);
+DSA_API size_t dsa_moe_experts_min_workspace_size(int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype);
+DSA_API int32_t dsa_moe_experts(void const* x, int32_t const* topk_ids, void const* topk_weights,
+    void const* gate_up, void const* down, float const* gate_up_scale, float const* down_scale, void* out,
+    int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype, int32_t weights_dtype,
+    int32_t expert_dtype, int64_t block_size, int32_t activation, int32_t path, void* workspace,
+    size_t workspace_bytes, void* stream);
+
+/*
+ * Which kernels a call with these arguments would use on the current device (for tests and
+ * benchmarks), assuming 16-byte aligned tensors and the default workspace: 0 = generic CUDA-core
+ * path, 1/2/3 = tensor-core path with 16/64/128 routed rows per tile. Negative on invalid arguments.
+ */
+DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype,
+    int32_t expert_dtype, int64_t block_size);
 
 /*
  * Which kernel a call with these arguments would use on the current device (for tests and

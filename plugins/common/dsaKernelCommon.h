@@ -13,12 +13,14 @@
 namespace dsa
 {
 
-//! Element types; values match dsa_dtype_t in dsa_kernels.h.
+//! Element types; values match dsa_dtype_t in dsa_kernels.h. kFP8_E4M3 is only a weight type
+//! (DSAMoEExpertsFP8's expert matrices); activations are always one of the first three.
 enum class DType : int32_t
 {
     kFLOAT32 = 0,
     kFLOAT16 = 1,
-    kBFLOAT16 = 2
+    kBFLOAT16 = 2,
+    kFP8_E4M3 = 3
 };
 
 //! Status codes; values match dsa_status_t in dsa_kernels.h.
@@ -31,14 +33,21 @@ enum Status : int32_t
     kCUDA_ERROR = 4
 };
 
+//! An activation type: float32, float16 or bfloat16.
 inline bool isValidDType(int32_t v)
 {
     return v >= 0 && v <= 2;
 }
 
+//! An activation type or FP8 e4m3.
+inline bool isValidWeightDType(int32_t v)
+{
+    return v >= 0 && v <= 3;
+}
+
 inline size_t dtypeSize(DType t)
 {
-    return t == DType::kFLOAT32 ? 4 : 2;
+    return t == DType::kFLOAT32 ? 4 : (t == DType::kFP8_E4M3 ? 1 : 2);
 }
 
 //! Records a message for dsa_last_error() on this host thread and returns status.

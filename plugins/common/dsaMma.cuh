@@ -33,6 +33,15 @@ __device__ __forceinline__ void cpAsync16(void* smem, void const* gmem, bool val
                  : "memory");
 }
 
+//! 4-byte global->shared copy through L1 (small, reused data such as block scales); zero-fills
+//! when valid is false, like cpAsync16.
+__device__ __forceinline__ void cpAsync4(void* smem, void const* gmem, bool valid = true)
+{
+    int const srcBytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smemAddr(smem)), "l"(gmem), "r"(srcBytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cpAsyncCommit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -615,6 +615,10 @@ int32_t launchIndexerTopK(IndexerTopKParams const& p, DType dtype, DType wDtype,
     {
         return setLastError(kINVALID_ARGUMENT, "DSAIndexerTopK: H and D must be positive and B, S, T, topk >= 0");
     }
+    if (!isValidDType(static_cast<int32_t>(dtype)))
+    {
+        return setLastError(kINVALID_ARGUMENT, "DSAIndexerTopK: q and k must be float32, float16 or bfloat16");
+    }
     if (wDtype != dtype && wDtype != DType::kFLOAT32)
     {
         return setLastError(kINVALID_ARGUMENT, "DSAIndexerTopK: w must have the dtype of q or float32");
@@ -664,6 +668,7 @@ int32_t launchIndexerTopK(IndexerTopKParams const& p, DType dtype, DType wDtype,
     case DType::kBFLOAT16:
         return wSame ? launchTyped<__nv_bfloat16, __nv_bfloat16>(p, dev, workspace, workspaceBytes, stream)
                      : launchTyped<__nv_bfloat16, float>(p, dev, workspace, workspaceBytes, stream);
+    case DType::kFP8_E4M3: break; // rejected above
     }
     return setLastError(kINVALID_ARGUMENT, "DSAIndexerTopK: unknown dtype");
 }

@@ -547,6 +547,10 @@ int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DTyp
 
 int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaStream_t stream)
 {
+    if (!isValidDType(static_cast<int32_t>(dtype)))
+    {
+        return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: q, k and v must be float32, float16 or bfloat16");
+    }
     if (p.B < 0 || p.S < 0 || p.T < 0 || p.K < 0 || p.H <= 0 || p.Hkv <= 0 || p.Dk <= 0 || p.Dv <= 0)
     {
         return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: dimensions must be positive (B, S, T, K >= 0)");
@@ -590,6 +594,7 @@ int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaS
     case DType::kFLOAT32: return launchGeneric<float>(p, dev, stream);
     case DType::kFLOAT16: return launchGeneric<__half>(p, dev, stream);
     case DType::kBFLOAT16: return launchGeneric<__nv_bfloat16>(p, dev, stream);
+    case DType::kFP8_E4M3: break; // rejected above
     }
     return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: unknown dtype");
 }
