@@ -6,6 +6,7 @@
 
 #include "common/dsaPluginCommon.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
+#include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
 
 // TENSORRTAPI expands to nothing outside TensorRT's own build, and this library is compiled with
@@ -21,7 +22,10 @@ extern "C" DSA_PLUGIN_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreato
 {
     static dsa::plugin::DSAIndexerTopKPluginCreator sIndexerCreator;
     static dsa::plugin::DSASparseAttentionPluginCreator sAttentionCreator;
-    static nvinfer1::IPluginCreatorInterface* const sCreators[] = {&sIndexerCreator, &sAttentionCreator};
+    static dsa::plugin::DSAMoEExpertsPluginCreator sMoECreator;
+    static dsa::plugin::DSAMoEExpertsFP8PluginCreator sMoEFP8Creator;
+    static nvinfer1::IPluginCreatorInterface* const sCreators[]
+        = {&sIndexerCreator, &sAttentionCreator, &sMoECreator, &sMoEFP8Creator};
     nbCreators = static_cast<int32_t>(sizeof(sCreators) / sizeof(sCreators[0]));
     return sCreators;
 }

@@ -1,6 +1,7 @@
 #include "common/dsaPluginBase.h"
 
 #include <cstring>
+#include <utility>
 
 using namespace nvinfer1;
 
@@ -240,9 +241,9 @@ PluginFieldCollection const* DSAPluginBase::getFieldsToSerialize() noexcept
 // ---------------------------------------------------------------------------------------------
 // DSAPluginCreatorBase
 
-DSAPluginCreatorBase::DSAPluginCreatorBase(char const* pluginName, std::initializer_list<PluginField> fieldNames)
+DSAPluginCreatorBase::DSAPluginCreatorBase(char const* pluginName, std::vector<PluginField> fieldNames)
     : mPluginName(pluginName)
-    , mFieldNames(fieldNames)
+    , mFieldNames(std::move(fieldNames))
 {
     for (PluginField const& f : mFieldNames)
     {

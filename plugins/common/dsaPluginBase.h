@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -163,7 +162,7 @@ public:
 
 protected:
     //! fieldNames: the attributes this plugin takes (data null), as getFieldNames() reports them.
-    DSAPluginCreatorBase(char const* pluginName, std::initializer_list<nvinfer1::PluginField> fieldNames);
+    DSAPluginCreatorBase(char const* pluginName, std::vector<nvinfer1::PluginField> fieldNames);
 
     //! Builds the plugin from its fields (may throw PluginError).
     virtual nvinfer1::IPluginV3* create(PluginFieldReader const& fields, nvinfer1::TensorRTPhase phase) = 0;

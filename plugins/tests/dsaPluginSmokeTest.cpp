@@ -1,8 +1,9 @@
 /*
  * Host-only smoke test of libdsa_plugins.so: dlopen it like TensorRT does, resolve getCreators and
  * setLoggerFinder, then exercise the creators and the build/runtime capabilities that need no GPU
- * and no libnvinfer (field parsing and serialization round trip, format combinations, output
- * types, workspace sizing, clone). Prints one line per check; exit code 0 when all pass.
+ * and no libnvinfer (field parsing and serialization round trip, attribute validation, format
+ * combinations, output types and shapes, shape validation, workspace sizing, clone). Prints one
+ * line per check; exit code 0 when all pass.
  *
  *   dsa_plugin_smoke /path/to/libdsa_plugins.so
  */
@@ -76,6 +77,63 @@ DynamicPluginTensorDesc makeDesc(std::vector<int64_t> const& dims, DataType type
     return d;
 }
 
+//! Stand-ins for TensorRT's dimension expressions: getOutputShapes only passes input expressions
+//! through, so distinct objects whose identity is checked are enough (their methods are never called).
+class FakeDimExpr : public IDimensionExpr
+{
+};
+
+class FakeExprBuilder : public IExprBuilder
+{
+};
+
+DimsExprs makeExprs(std::vector<FakeDimExpr> const& dims)
+{
+    DimsExprs e{};
+    e.nbDims = static_cast<int32_t>(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i)
+    {
+        e.d[i] = &dims[i];
+    }
+    return e;
+}
+
+PluginField const* findField(PluginFieldCollection const* fc, char const* name)
+{
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        if (std::strcmp(fc->fields[i].name, name) == 0)
+        {
+            return &fc->fields[i];
+        }
+    }
+    return nullptr;
+}
+
+bool allFormats(IPluginV3OneBuild* build, std::vector<DynamicPluginTensorDesc> const& io, int32_t nbInputs)
+{
+    bool all = true;
+    for (int32_t pos = 0; pos < nbInputs + 1; ++pos)
+    {
+        all = all && build->supportsFormatCombination(pos, io.data(), nbInputs, 1);
+    }
+    return all;
+}
+
+//! The workspace formula of the plugin README, for one pass over `tokens` tokens.
+size_t moeWorkspaceFormula(int64_t tokens, int64_t K, int64_t E, int64_t H, int64_t I, size_t actElem)
+{
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    int64_t const S = tokens * K;
+    int64_t chunks = (S + 255) / 256;
+    chunks = chunks < 1 ? 1 : (chunks > 64 ? 64 : chunks);
+    size_t const pass = up(static_cast<size_t>(chunks * E) * 4) + 2 * up(static_cast<size_t>(E + 1) * 4)
+        + up(static_cast<size_t>(S) * 4) + up(static_cast<size_t>(S * I) * actElem) + up(static_cast<size_t>(S * H) * 4)
+        + 256;
+    size_t const cap = size_t{1} << 30;
+    return pass < cap ? pass : cap;
+}
+
 IPluginCreatorV3One* findCreator(IPluginCreatorInterface* const* creators, int32_t n, char const* name)
 {
     for (int32_t i = 0; i < n; ++i)
@@ -119,7 +177,7 @@ int main(int argc, char** argv)
 
     int32_t n = 0;
     IPluginCreatorInterface* const* creators = getCreators(n);
-    check(n == 2, "two creators");
+    check(n == 4, "four creators");
     for (int32_t i = 0; i < n; ++i)
     {
         InterfaceInfo const info = creators[i]->getInterfaceInfo();
@@ -261,6 +319,284 @@ int main(int argc, char** argv)
             }
             delete plugin;
         }
+    }
+
+    // ---- DSAMoEExperts ----
+    IPluginCreatorV3One* moe = findCreator(creators, n, "DSAMoEExperts");
+    check(moe != nullptr, "DSAMoEExperts creator");
+    if (moe != nullptr)
+    {
+        PluginFieldCollection const* names = moe->getFieldNames();
+        check(names != nullptr && names->nbFields == 1 && findField(names, "activation") != nullptr
+                && findField(names, "activation")->type == PluginFieldType::kCHAR,
+            "DSAMoEExperts declares one string field 'activation'");
+        char const silu[] = "silu";
+        int32_t extra = 5;
+        std::vector<PluginField> fields{{"activation", silu, PluginFieldType::kCHAR, 4},
+            {"block_size", &extra, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fc{static_cast<int32_t>(fields.size()), fields.data()};
+        IPluginV3* plugin = moe->createPlugin("moe", &fc, TensorRTPhase::kBUILD);
+        check(plugin != nullptr, "DSAMoEExperts createPlugin (block_size is not its attribute and is ignored)");
+        if (plugin != nullptr)
+        {
+            auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+            auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+            check(core && build && rt, "DSAMoEExperts exposes core/build/runtime");
+            check(std::strcmp(core->getPluginName(), "DSAMoEExperts") == 0
+                    && std::strcmp(core->getPluginNamespace(), "dsa") == 0 && std::strcmp(core->getPluginVersion(), "1") == 0,
+                "DSAMoEExperts plugin name, namespace dsa, version 1");
+            check(build->getNbOutputs() == 1, "DSAMoEExperts one output");
+            check(std::strcmp(build->getMetadataString(), "activation=silu") == 0,
+                std::string("DSAMoEExperts metadata: ") + build->getMetadataString());
+
+            // DeepSeek-V3.2 widths: H = 7168, I = 2048, 256 experts, top-8.
+            std::vector<DynamicPluginTensorDesc> io{makeDesc({64, 7168}, DataType::kBF16),
+                makeDesc({64, 8}, DataType::kINT32), makeDesc({64, 8}, DataType::kFLOAT),
+                makeDesc({256, 4096, 7168}, DataType::kBF16), makeDesc({256, 7168, 2048}, DataType::kBF16),
+                makeDesc({64, 7168}, DataType::kBF16)};
+            check(allFormats(build, io, 5), "DSAMoEExperts accepts bf16 x/experts/out, int32 ids, fp32 weights");
+            io[2].desc.type = DataType::kBF16;
+            check(build->supportsFormatCombination(2, io.data(), 5, 1), "DSAMoEExperts accepts weights in x's dtype");
+            io[2].desc.type = DataType::kHALF;
+            check(!build->supportsFormatCombination(2, io.data(), 5, 1), "DSAMoEExperts rejects fp16 weights with bf16 x");
+            io[2].desc.type = DataType::kFLOAT;
+            io[3].desc.type = DataType::kFP8;
+            check(!build->supportsFormatCombination(3, io.data(), 5, 1), "DSAMoEExperts rejects FP8 experts (that is DSAMoEExpertsFP8)");
+            io[3].desc.type = DataType::kBF16;
+            io[1].desc.type = DataType::kINT64;
+            check(!build->supportsFormatCombination(1, io.data(), 5, 1), "DSAMoEExperts rejects int64 topk_ids");
+            io[1].desc.type = DataType::kINT32;
+            io[5].desc.type = DataType::kFLOAT;
+            check(!build->supportsFormatCombination(5, io.data(), 5, 1), "DSAMoEExperts rejects out dtype != x");
+            io[5].desc.type = DataType::kBF16;
+            io[0].desc.type = DataType::kINT8;
+            check(!build->supportsFormatCombination(0, io.data(), 5, 1), "DSAMoEExperts rejects int8 x");
+            io[0].desc.type = DataType::kBF16;
+            io[0].desc.format = TensorFormat::kHWC8;
+            check(!build->supportsFormatCombination(0, io.data(), 5, 1), "DSAMoEExperts rejects non-linear formats");
+            io[0].desc.format = TensorFormat::kLINEAR;
+            std::vector<DynamicPluginTensorDesc> f32{makeDesc({3, 64}, DataType::kFLOAT), makeDesc({3, 2}, DataType::kINT32),
+                makeDesc({3, 2}, DataType::kFLOAT), makeDesc({4, 64, 64}, DataType::kFLOAT),
+                makeDesc({4, 64, 32}, DataType::kFLOAT), makeDesc({3, 64}, DataType::kFLOAT)};
+            check(allFormats(build, f32, 5), "DSAMoEExperts accepts an all-float32 combination");
+            check(!build->supportsFormatCombination(0, io.data(), 7, 1), "DSAMoEExperts rejects 7 inputs");
+
+            DataType inTypes[5] = {DataType::kHALF, DataType::kINT32, DataType::kFLOAT, DataType::kHALF, DataType::kHALF};
+            DataType outType = DataType::kFLOAT;
+            check(build->getOutputDataTypes(&outType, 1, inTypes, 5) == 0 && outType == DataType::kHALF,
+                "DSAMoEExperts output type follows x");
+
+            std::vector<FakeDimExpr> xd(2), idd(2), wd(2), gud(3), dnd(3);
+            DimsExprs ins[5] = {makeExprs(xd), makeExprs(idd), makeExprs(wd), makeExprs(gud), makeExprs(dnd)};
+            DimsExprs outs[1]{};
+            FakeExprBuilder exprBuilder;
+            check(build->getOutputShapes(ins, 5, nullptr, 0, outs, 1, exprBuilder) == 0 && outs[0].nbDims == 2
+                    && outs[0].d[0] == &xd[0] && outs[0].d[1] == &xd[1],
+                "DSAMoEExperts output shape is x's [N, H] (symbolic dims passed through)");
+            int errorsBefore = logger.errors;
+            DimsExprs bad3[5] = {makeExprs(gud), makeExprs(idd), makeExprs(wd), makeExprs(gud), makeExprs(dnd)};
+            check(build->getOutputShapes(bad3, 5, nullptr, 0, outs, 1, exprBuilder) != 0 && logger.errors > errorsBefore,
+                "DSAMoEExperts getOutputShapes rejects a 3-D x with a logged error");
+
+            check(build->configurePlugin(io.data(), 5, io.data() + 5, 1) == 0, "DSAMoEExperts configurePlugin");
+            std::vector<DynamicPluginTensorDesc> dyn = io;
+            dyn[0].desc.dims.d[0] = -1;
+            dyn[1].desc.dims.d[0] = -1;
+            dyn[2].desc.dims.d[0] = -1;
+            dyn[5].desc.dims.d[0] = -1;
+            check(build->configurePlugin(dyn.data(), 5, dyn.data() + 5, 1) == 0,
+                "DSAMoEExperts configurePlugin with a dynamic token dim");
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[4] = makeDesc({256, 7168, 1024}, DataType::kBF16);
+            errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0 && logger.errors > errorsBefore,
+                "DSAMoEExperts configurePlugin rejects gate_up 2I != 2 * down's I with a logged error");
+            bad = io;
+            bad[2] = makeDesc({64, 6}, DataType::kFLOAT);
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0,
+                "DSAMoEExperts configurePlugin rejects topk_weights K != topk_ids K");
+            bad = io;
+            bad[3] = makeDesc({9000, 4096, 7168}, DataType::kBF16);
+            bad[4] = makeDesc({9000, 7168, 2048}, DataType::kBF16);
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0,
+                "DSAMoEExperts configurePlugin rejects more than 8192 experts");
+            check(build->configurePlugin(io.data(), 4, io.data() + 4, 1) != 0, "DSAMoEExperts configurePlugin rejects 4 inputs");
+
+            std::vector<DynamicPluginTensorDesc> small{makeDesc({4, 64}, DataType::kBF16), makeDesc({4, 2}, DataType::kINT32),
+                makeDesc({4, 2}, DataType::kFLOAT), makeDesc({4, 64, 64}, DataType::kBF16),
+                makeDesc({4, 64, 32}, DataType::kBF16), makeDesc({4, 64}, DataType::kBF16)};
+            size_t const wsSmall = build->getWorkspaceSize(small.data(), 5, small.data() + 5, 1);
+            check(wsSmall == moeWorkspaceFormula(4, 2, 4, 64, 32, 2) && wsSmall == 3840,
+                "DSAMoEExperts workspace follows the README formula for small shapes (" + std::to_string(wsSmall) + ")");
+            small[0].max.d[0] = 1000;
+            size_t const wsMax = build->getWorkspaceSize(small.data(), 5, small.data() + 5, 1);
+            check(wsMax == moeWorkspaceFormula(1000, 2, 4, 64, 32, 2) && wsMax > wsSmall,
+                "DSAMoEExperts workspace is sized from the profile maximum (" + std::to_string(wsMax) + ")");
+            size_t const wsDecode = build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
+            io[0].max.d[0] = 16384;
+            size_t const wsPrefill = build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
+            io[0].max.d[0] = 64;
+            check(wsDecode == moeWorkspaceFormula(64, 8, 256, 7168, 2048, 2) && wsPrefill == (size_t{1} << 30),
+                "DSAMoEExperts workspace at DeepSeek width: " + std::to_string(wsDecode) + " bytes for 64 tokens, capped at "
+                    + std::to_string(wsPrefill) + " for 16K tokens");
+
+            PluginFieldCollection const* ser = rt->getFieldsToSerialize();
+            PluginField const* act = findField(ser, "activation");
+            check(ser != nullptr && ser->nbFields == 1 && act != nullptr && act->type == PluginFieldType::kCHAR
+                    && act->length == 4 && std::strncmp(static_cast<char const*>(act->data), "silu", 4) == 0,
+                "DSAMoEExperts serializes activation as a 4-character string");
+            IPluginV3* again = moe->createPlugin("moe2", ser, TensorRTPhase::kRUNTIME);
+            check(again != nullptr, "DSAMoEExperts round trip through getFieldsToSerialize");
+            if (again != nullptr)
+            {
+                auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+                check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0,
+                    std::string("DSAMoEExperts attributes survive serialization: ") + b2->getMetadataString());
+                delete again;
+            }
+            IPluginV3* cl = plugin->clone();
+            check(cl != nullptr, "DSAMoEExperts clone");
+            if (cl != nullptr)
+            {
+                auto* r2 = static_cast<IPluginV3OneRuntime*>(cl->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+                PluginField const* a2 = findField(r2->getFieldsToSerialize(), "activation");
+                check(a2 != nullptr && a2->data != act->data && std::strncmp(static_cast<char const*>(a2->data), "silu", 4) == 0,
+                    "DSAMoEExperts clone serializes its own copy of the fields");
+                delete cl;
+            }
+            delete plugin;
+        }
+        char const gelu[] = "gelu";
+        std::vector<PluginField> badAct{{"activation", gelu, PluginFieldType::kCHAR, 4}};
+        PluginFieldCollection fcBad{1, badAct.data()};
+        int const errorsBefore = logger.errors;
+        check(moe->createPlugin("bad", &fcBad, TensorRTPhase::kBUILD) == nullptr && logger.errors > errorsBefore,
+            "DSAMoEExperts rejects activation 'gelu' with a logged error");
+        char const siluNul[] = "silu";
+        std::vector<PluginField> withNul{{"activation", siluNul, PluginFieldType::kCHAR, 5}};
+        PluginFieldCollection fcNul{1, withNul.data()};
+        IPluginV3* pNul = moe->createPlugin("nul", &fcNul, TensorRTPhase::kBUILD);
+        check(pNul != nullptr, "DSAMoEExperts accepts a string length that counts the terminating NUL");
+        delete pNul;
+        int32_t notAString = 1;
+        std::vector<PluginField> wrongType{{"activation", &notAString, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fcWrong{1, wrongType.data()};
+        check(moe->createPlugin("wrong", &fcWrong, TensorRTPhase::kBUILD) == nullptr,
+            "DSAMoEExperts rejects an integer 'activation'");
+        PluginFieldCollection empty{0, nullptr};
+        IPluginV3* pDefault = moe->createPlugin("default", &empty, TensorRTPhase::kBUILD);
+        check(pDefault != nullptr, "DSAMoEExperts defaults activation to silu");
+        delete pDefault;
+    }
+
+    // ---- DSAMoEExpertsFP8 ----
+    IPluginCreatorV3One* fp8 = findCreator(creators, n, "DSAMoEExpertsFP8");
+    check(fp8 != nullptr, "DSAMoEExpertsFP8 creator");
+    if (fp8 != nullptr)
+    {
+        PluginFieldCollection const* names = fp8->getFieldNames();
+        check(names != nullptr && names->nbFields == 2 && findField(names, "activation") != nullptr
+                && findField(names, "block_size") != nullptr,
+            "DSAMoEExpertsFP8 declares 'activation' and 'block_size'");
+        char const silu[] = "silu";
+        int32_t blockSize = 128;
+        std::vector<PluginField> fields{{"activation", silu, PluginFieldType::kCHAR, 4},
+            {"block_size", &blockSize, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fc{2, fields.data()};
+        IPluginV3* plugin = fp8->createPlugin("fp8", &fc, TensorRTPhase::kBUILD);
+        check(plugin != nullptr, "DSAMoEExpertsFP8 createPlugin");
+        if (plugin != nullptr)
+        {
+            auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+            auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+            check(std::strcmp(core->getPluginName(), "DSAMoEExpertsFP8") == 0, "DSAMoEExpertsFP8 plugin name");
+            check(std::strcmp(build->getMetadataString(), "activation=silu;block_size=128") == 0,
+                std::string("DSAMoEExpertsFP8 metadata: ") + build->getMetadataString());
+            std::vector<DynamicPluginTensorDesc> io{makeDesc({16, 7168}, DataType::kBF16),
+                makeDesc({16, 8}, DataType::kINT32), makeDesc({16, 8}, DataType::kFLOAT),
+                makeDesc({256, 4096, 7168}, DataType::kFP8), makeDesc({256, 7168, 2048}, DataType::kFP8),
+                makeDesc({256, 32, 56}, DataType::kFLOAT), makeDesc({256, 56, 16}, DataType::kFLOAT),
+                makeDesc({16, 7168}, DataType::kBF16)};
+            check(allFormats(build, io, 7), "DSAMoEExpertsFP8 accepts bf16 x/out, FP8 experts, fp32 block scales");
+            io[0].desc.type = DataType::kHALF;
+            io[7].desc.type = DataType::kHALF;
+            check(allFormats(build, io, 7), "DSAMoEExpertsFP8 accepts fp16 x/out with FP8 experts");
+            io[0].desc.type = DataType::kBF16;
+            io[7].desc.type = DataType::kBF16;
+            io[3].desc.type = DataType::kBF16;
+            check(!build->supportsFormatCombination(3, io.data(), 7, 1), "DSAMoEExpertsFP8 rejects bf16 gate_up");
+            io[3].desc.type = DataType::kFP8;
+            io[6].desc.type = DataType::kHALF;
+            check(!build->supportsFormatCombination(6, io.data(), 7, 1), "DSAMoEExpertsFP8 rejects fp16 block scales");
+            io[6].desc.type = DataType::kFLOAT;
+            check(!build->supportsFormatCombination(0, io.data(), 5, 1), "DSAMoEExpertsFP8 rejects 5 inputs");
+            DataType inTypes[7] = {DataType::kBF16, DataType::kINT32, DataType::kBF16, DataType::kFP8, DataType::kFP8,
+                DataType::kFLOAT, DataType::kFLOAT};
+            DataType outType = DataType::kFLOAT;
+            check(build->getOutputDataTypes(&outType, 1, inTypes, 7) == 0 && outType == DataType::kBF16,
+                "DSAMoEExpertsFP8 output type follows x");
+            check(build->configurePlugin(io.data(), 7, io.data() + 7, 1) == 0, "DSAMoEExpertsFP8 configurePlugin");
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[5] = makeDesc({256, 32, 57}, DataType::kFLOAT);
+            int errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 7, bad.data() + 7, 1) != 0 && logger.errors > errorsBefore,
+                "DSAMoEExpertsFP8 configurePlugin rejects gate_up_scale [E, 2I/bs, H/bs + 1] with a logged error");
+            bad = io;
+            bad[6] = makeDesc({256, 16, 56}, DataType::kFLOAT);
+            check(build->configurePlugin(bad.data(), 7, bad.data() + 7, 1) != 0,
+                "DSAMoEExpertsFP8 configurePlugin rejects a transposed down_scale");
+            check(build->getWorkspaceSize(io.data(), 7, io.data() + 7, 1) == moeWorkspaceFormula(16, 8, 256, 7168, 2048, 2),
+                "DSAMoEExpertsFP8 workspace matches the 16-bit op's (activations are in x's dtype)");
+
+            PluginFieldCollection const* ser = rt->getFieldsToSerialize();
+            PluginField const* bsField = findField(ser, "block_size");
+            check(ser->nbFields == 2 && bsField != nullptr && bsField->type == PluginFieldType::kINT32
+                    && *static_cast<int32_t const*>(bsField->data) == 128,
+                "DSAMoEExpertsFP8 serializes block_size as int32");
+            IPluginV3* again = fp8->createPlugin("fp8b", ser, TensorRTPhase::kRUNTIME);
+            check(again != nullptr, "DSAMoEExpertsFP8 round trip through getFieldsToSerialize");
+            if (again != nullptr)
+            {
+                auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+                check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0,
+                    std::string("DSAMoEExpertsFP8 attributes survive serialization: ") + b2->getMetadataString());
+                delete again;
+            }
+            delete plugin;
+        }
+        int64_t bs64 = 64;
+        std::vector<PluginField> wide{{"block_size", &bs64, PluginFieldType::kINT64, 1}};
+        PluginFieldCollection fcWide{1, wide.data()};
+        IPluginV3* p64 = fp8->createPlugin("wide", &fcWide, TensorRTPhase::kBUILD);
+        check(p64 != nullptr, "DSAMoEExpertsFP8 accepts an int64 block_size and defaults activation");
+        if (p64 != nullptr)
+        {
+            auto* b64 = static_cast<IPluginV3OneBuild*>(p64->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            check(std::strcmp(b64->getMetadataString(), "activation=silu;block_size=64") == 0,
+                std::string("DSAMoEExpertsFP8 block_size 64: ") + b64->getMetadataString());
+            delete p64;
+        }
+        PluginFieldCollection empty{0, nullptr};
+        IPluginV3* pDefault = fp8->createPlugin("default", &empty, TensorRTPhase::kBUILD);
+        check(pDefault != nullptr, "DSAMoEExpertsFP8 defaults block_size to 128");
+        if (pDefault != nullptr)
+        {
+            auto* bd = static_cast<IPluginV3OneBuild*>(pDefault->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            check(std::strcmp(bd->getMetadataString(), "activation=silu;block_size=128") == 0, "DSAMoEExpertsFP8 default metadata");
+            delete pDefault;
+        }
+        int32_t zero = 0;
+        std::vector<PluginField> zeroBs{{"block_size", &zero, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fcZero{1, zeroBs.data()};
+        int const errorsBefore = logger.errors;
+        check(fp8->createPlugin("zero", &fcZero, TensorRTPhase::kBUILD) == nullptr && logger.errors > errorsBefore,
+            "DSAMoEExpertsFP8 rejects block_size 0 with a logged error");
+        char const relu[] = "relu";
+        std::vector<PluginField> badAct{{"activation", relu, PluginFieldType::kCHAR, 4}};
+        PluginFieldCollection fcBad{1, badAct.data()};
+        check(fp8->createPlugin("relu", &fcBad, TensorRTPhase::kBUILD) == nullptr, "DSAMoEExpertsFP8 rejects activation 'relu'");
     }
     std::printf("%s: %d failure(s)\n", gFailures == 0 ? "OK" : "FAILED", gFailures);
     return gFailures == 0 ? 0 : 1;
