@@ -132,6 +132,14 @@ def _prelude(b: Body) -> _Schedule:
     )
 
 
+def _loop_inputs(iteration: str, cond: str, acc: str) -> list:
+    return [value(iteration, I64, 0), value(cond, BOOL, 0), value(acc, F32, 2)]
+
+
+def _loop_outputs(cond: str, acc: str) -> list:
+    return [value(cond, BOOL, 0), value(acc, F32, 2)]
+
+
 def _true(b: Body) -> str:
     return b("Constant", value=helper.make_tensor("v", BOOL, [], [True]))
 
@@ -152,9 +160,10 @@ def _tile_loop(b: Body, s: _Schedule, expert: str, gate_up: str, down: str, acc:
                  num_outputs=2, outputs=2)
     hidden = t("Mul", t("Mul", gate, t("Sigmoid", gate)), up)  # SiLU(gate) * up
     out = t("Mul", t("Gemm", hidden, down, transB=1), t("Unsqueeze", weight, t.const([1])))
-    acc_out = t("ScatterND", acc_in, t("Unsqueeze", token, t.const([1])), t("Add", t("Gather", acc_in, token, axis=0), out))
+    summed = t("Add", t("Gather", acc_in, token, axis=0), out)
+    acc_out = t("ScatterND", acc_in, t("Unsqueeze", token, t.const([1])), summed)
     cond_out = t("Identity", cond)
-    body = t.graph([value(it, I64, 0), value(cond, BOOL, 0), value(acc_in, F32, 2)], [value(cond_out, BOOL, 0), value(acc_out, F32, 2)])
+    body = t.graph(_loop_inputs(it, cond, acc_in), _loop_outputs(cond_out, acc_out))
     return b("Loop", tiles, _true(b), acc, body=body)
 
 
@@ -167,7 +176,7 @@ def _expert_loop(b: Body, s: _Schedule, gate_up: str, down: str) -> str:
     w_down = x("Cast", x("Gather", down, expert, axis=0), to=F32)
     acc_out = _tile_loop(x, s, expert, w_gate_up, w_down, acc_in)
     cond_out = x("Identity", cond)
-    body = x.graph([value(j, I64, 0), value(cond, BOOL, 0), value(acc_in, F32, 2)], [value(cond_out, BOOL, 0), value(acc_out, F32, 2)])
+    body = x.graph(_loop_inputs(j, cond, acc_in), _loop_outputs(cond_out, acc_out))
     return b("Loop", s.active, _true(b), s.acc0, body=body)
 
 

@@ -110,7 +110,8 @@ def moe_experts_fp8_reference(
     gate_up_scale: np.ndarray, down_scale: np.ndarray, *, block_size: int = 128, activation: str = "silu",
 ) -> np.ndarray:
     """:func:`moe_experts_reference` of the block-dequantized FP8 weights."""
-    return moe_experts_reference(x, topk_ids, topk_weights, dequantize_fp8_reference(gate_up, gate_up_scale, block_size),
+    return moe_experts_reference(x, topk_ids, topk_weights,
+                                 dequantize_fp8_reference(gate_up, gate_up_scale, block_size),
                                  dequantize_fp8_reference(down, down_scale, block_size), activation=activation)
 
 

@@ -83,17 +83,18 @@ def test_from_hf_reuses_submodules_so_checkpoint_names_stay():
     moe = hf_moe(ROUTINGS["groups"])
     ours = RoutedMoE.from_hf(moe)
     assert ours.gate is moe.gate and ours.experts is moe.experts and ours.shared_experts is moe.shared_experts
-    assert set(ours.state_dict()) == set(moe.state_dict()) == {"gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
-            "shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
-            "shared_experts.down_proj.weight"}
+    assert set(ours.state_dict()) == set(moe.state_dict()) == {
+        "gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
+        "shared_experts.gate_proj.weight", "shared_experts.up_proj.weight", "shared_experts.down_proj.weight"}
     assert not ours.training
 
 
 def _export(module, example, opset=18):
     register_schemas()
     dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}
-    program = torch.onnx.export(module, (example,), dynamic_shapes=(dims,), custom_translation_table=translation_table(),
-                                opset_version=opset, dynamo=True, verbose=False)
+    program = torch.onnx.export(module, (example,), dynamic_shapes=(dims,),
+                                custom_translation_table=translation_table(), opset_version=opset, dynamo=True,
+                                verbose=False)
     model = program.model_proto
     model.functions.extend(function_protos(opset))
     onnx.checker.check_model(model, full_check=True)
