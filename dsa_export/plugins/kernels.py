@@ -17,7 +17,10 @@ from dsa_export.plugins.library import require_library
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+
+#: Kernel families of ``dsa_moe_experts`` (``dsa_moe_experts_path``'s codes).
+MOE_PATHS = {0: "generic", 1: "tensor-core-16", 2: "tensor-core-64", 3: "tensor-core-128"}
 
 _c_i64 = ctypes.c_int64
 _c_i32 = ctypes.c_int32
@@ -62,6 +65,15 @@ class KernelLibrary:
                 f"{self.path} has C ABI version {version}, this dsa-export expects {ABI_VERSION}; rebuild it with "
                 "`dsa-export plugins build`."
             )
+        lib.dsa_moe_experts_workspace_size.restype = _c_size
+        lib.dsa_moe_experts_workspace_size.argtypes = [_c_i64] * 5 + [_c_i32]
+        lib.dsa_moe_experts_min_workspace_size.restype = _c_size
+        lib.dsa_moe_experts_min_workspace_size.argtypes = [_c_i64] * 4 + [_c_i32]
+        lib.dsa_moe_experts.restype = _c_i32
+        lib.dsa_moe_experts.argtypes = [_c_ptr] * 8 + [_c_i64] * 5 + [_c_i32] * 3 + [_c_i64, _c_i32, _c_i32,
+                                                                                   _c_ptr, _c_size, _c_ptr]
+        lib.dsa_moe_experts_path.restype = _c_i32
+        lib.dsa_moe_experts_path.argtypes = [_c_i64] * 5 + [_c_i32, _c_i32, _c_i64]
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -72,6 +84,15 @@ class KernelLibrary:
         if dtype not in codes:
             raise ValueError(f"unsupported dtype {dtype}; expected float32, float16 or bfloat16")
         return codes[dtype]
+
+    @staticmethod
+    def expert_dtype_code(dtype: Any) -> int:
+        """Code of an expert-weight dtype: an activation dtype or ``torch.float8_e4m3fn`` (3)."""
+        import torch
+
+        if dtype == torch.float8_e4m3fn:
+            return 3
+        return KernelLibrary.dtype_code(dtype)
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
@@ -162,7 +183,124 @@ class KernelLibrary:
         return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
 
 
+    def moe_experts_workspace_size(self, N: int, K: int, E: int, H: int, I: int, dtype: Any) -> int:
+        """Bytes of workspace for one pass over all N tokens (capped at 1 GiB; never below one token)."""
+        return int(self._lib.dsa_moe_experts_workspace_size(N, K, E, H, I, self.dtype_code(dtype)))
+
+    def moe_experts_min_workspace_size(self, K: int, E: int, H: int, I: int, dtype: Any) -> int:
+        return int(self._lib.dsa_moe_experts_min_workspace_size(K, E, H, I, self.dtype_code(dtype)))
+
+    def moe_experts(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        gate_up_scale: torch.Tensor | None = None,
+        down_scale: torch.Tensor | None = None,
+        *,
+        activation: str = "silu",
+        block_size: int = 128,
+        workspace: torch.Tensor | None = None,
+        path: str | int | None = None,
+    ) -> torch.Tensor:
+        """Output [N,H] in x's dtype of DSAMoEExperts, or of DSAMoEExpertsFP8 when the experts are float8_e4m3fn.
+
+        ``path`` forces a kernel family (a :data:`MOE_PATHS` name or code) for tests and benchmarks;
+        ``None`` lets the library choose.
+        """
+        import torch
+
+        if activation != "silu":
+            raise ValueError(f"activation {activation!r} is not supported; only 'silu'")
+        N, H = x.shape
+        K = topk_ids.shape[1]
+        E, two_i = gate_up.shape[0], gate_up.shape[1]
+        I = down.shape[2]
+        if topk_ids.shape != (N, K) or topk_weights.shape != (N, K) or gate_up.shape != (E, 2 * I, H) \
+                or down.shape != (E, H, I):
+            raise ValueError(
+                f"shape mismatch: x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)}, topk_weights "
+                f"{tuple(topk_weights.shape)}, gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}"
+            )
+        fp8 = gate_up.dtype == torch.float8_e4m3fn
+        if down.dtype != gate_up.dtype or (not fp8 and gate_up.dtype != x.dtype):
+            raise ValueError("gate_up and down must both have x's dtype or both be float8_e4m3fn")
+        if topk_weights.dtype not in (torch.float32, x.dtype):
+            raise ValueError("topk_weights must be float32 or x's dtype")
+        if fp8:
+            if gate_up_scale is None or down_scale is None:
+                raise ValueError("FP8 experts need gate_up_scale and down_scale")
+            nb = lambda n: -(-n // block_size)  # noqa: E731
+            if gate_up_scale.shape != (E, nb(two_i), nb(H)) or down_scale.shape != (E, nb(H), nb(I)):
+                raise ValueError(
+                    f"block scales {tuple(gate_up_scale.shape)} / {tuple(down_scale.shape)} do not match "
+                    f"[E, ceil(2I/bs), ceil(H/bs)] / [E, ceil(H/bs), ceil(I/bs)] with block_size {block_size}"
+                )
+            gate_up_scale = gate_up_scale.to(device=x.device, dtype=torch.float32).contiguous()
+            down_scale = down_scale.to(device=x.device, dtype=torch.float32).contiguous()
+        else:
+            gate_up_scale = down_scale = None
+        x, topk_weights = x.contiguous(), topk_weights.contiguous()
+        gate_up, down = gate_up.contiguous(), down.contiguous()
+        topk_ids = topk_ids.to(dtype=torch.int32).contiguous()
+        out = torch.empty((N, H), dtype=x.dtype, device=x.device)
+        if workspace is None:
+            ws_bytes = self.moe_experts_workspace_size(N, K, E, H, I, x.dtype)
+            workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=x.device)
+        ws_bytes = workspace.numel() * workspace.element_size()
+        if path is None:
+            code = -1
+        elif isinstance(path, str):
+            names = {v: k for k, v in MOE_PATHS.items()}
+            if path not in names:
+                raise ValueError(f"unknown path {path!r}; expected one of {sorted(names)}")
+            code = names[path]
+        else:
+            code = int(path)
+        status = self._lib.dsa_moe_experts(
+            x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+            gate_up_scale.data_ptr() if gate_up_scale is not None else None,
+            down_scale.data_ptr() if down_scale is not None else None, out.data_ptr(),
+            N, K, E, H, I, self.dtype_code(x.dtype), self.dtype_code(topk_weights.dtype),
+            self.expert_dtype_code(gate_up.dtype), int(block_size), 0, code, workspace.data_ptr(), ws_bytes,
+            self._stream(x.device),
+        )
+        self._check(status, "dsa_moe_experts")
+        return out
+
+    def moe_experts_path(self, N: int, K: int, E: int, H: int, I: int, dtype: Any, expert_dtype: Any = None,
+                         block_size: int = 128) -> str:
+        """The :data:`MOE_PATHS` name an automatic call would use on the current device."""
+        expert = self.expert_dtype_code(dtype if expert_dtype is None else expert_dtype)
+        code = self._lib.dsa_moe_experts_path(N, K, E, H, I, self.dtype_code(dtype), expert, block_size)
+        return MOE_PATHS.get(code, "invalid")
+
+
 _loaded: dict[Path, KernelLibrary] = {}
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    gate_up_scale: torch.Tensor | None = None,
+    down_scale: torch.Tensor | None = None,
+    *,
+    activation: str = "silu",
+    block_size: int = 128,
+    library: str | os.PathLike[str] | None = None,
+) -> torch.Tensor:
+    """DSAMoEExperts (or DSAMoEExpertsFP8 for float8_e4m3fn experts) of CUDA tensors through the kernel library.
+
+    The GPU counterpart of ``dsa_export.ops.dsa_moe_experts`` / ``dsa_moe_experts_fp8``: same
+    arguments, output [N,H] in x's dtype on x's device and current stream.
+    """
+    return load_kernels(library).moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_scale, down_scale,
+                                             activation=activation, block_size=block_size)
 
 
 def load_kernels(path: str | os.PathLike[str] | None = None) -> KernelLibrary:

@@ -38,7 +38,7 @@ ENV_VAR = "DSA_EXPORT_PLUGIN_LIB"
 #: Symbols each kind must export to be usable.
 REQUIRED_SYMBOLS: dict[str, tuple[str, ...]] = {
     "plugin": ("getCreators", "setLoggerFinder"),
-    "kernels": ("dsa_indexer_topk", "dsa_sparse_attention", "dsa_kernels_abi_version"),
+    "kernels": ("dsa_indexer_topk", "dsa_sparse_attention", "dsa_moe_experts", "dsa_kernels_abi_version"),
     "static": (),
 }
 

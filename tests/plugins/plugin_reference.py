@@ -1,4 +1,4 @@
-"""Self-contained float64 torch references of the two DSA ops, written for readability.
+"""Self-contained float64 torch references of the DSA ops, written for readability.
 
 They mirror the op contract (docs/ops.md) in float64, which the fp32 kernel tolerance (1e-5) needs;
 tests/plugins/test_reference_cpu.py checks them against plain loops and against
@@ -65,3 +65,59 @@ def sparse_attention(q, k, v, indices, *, scale: float) -> torch.Tensor:
     probs = torch.nan_to_num(probs, nan=0.0)             # rows without a valid index -> 0
     out = torch.einsum("bsgmk,bskgd->bsgmd", probs, vg)
     return out.reshape(B, S, H, v64.shape[-1])
+
+
+def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block_size: int) -> torch.Tensor:
+    """float64 ``[..., R, C]``: each FP8 value times the float32 scale of its ``block_size`` square block."""
+    rows, cols = weight.shape[-2], weight.shape[-1]
+    full = scale.double().repeat_interleave(block_size, dim=-2)[..., :rows, :]
+    full = full.repeat_interleave(block_size, dim=-1)[..., :cols]
+    return weight.double() * full
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_scale=None, down_scale=None, *,
+                block_size: int = 128) -> torch.Tensor:
+    """out [N,H] float64 on x's device, from the contract formula.
+
+    out[n] = sum_k w[n,k] * down[e] @ (silu(gate[e] @ x[n]) * (up[e] @ x[n])), e = topk_ids[n,k],
+    gate/up = rows [0, I) / [I, 2I) of gate_up[e]; slots with e outside [0, E) are skipped and a
+    repeated expert counts once per slot. FP8 experts are dequantized with their block scales.
+    Computed one expert at a time over the slots routed to it (no per-token weight gather, and
+    only one expert's weights in float64 at once).
+    """
+    x64, w64 = x.double(), topk_weights.double()
+    ids = topk_ids.long()
+    E, I = down.shape[0], down.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    valid = (ids >= 0) & (ids < E)
+    for e in torch.unique(ids[valid]).tolist():
+        if gate_up_scale is not None:
+            gu = dequantize_blocks(gate_up[e], gate_up_scale[e], block_size)
+            dn = dequantize_blocks(down[e], down_scale[e], block_size)
+        else:
+            gu, dn = gate_up[e].double(), down[e].double()
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = x64[tok] @ gu.t()                                   # [n_e, 2I]
+        act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+        out.index_add_(0, tok, w64[tok, slot].unsqueeze(1) * (act @ dn.t()))
+    return out
+
+
+def _quantize_matrix(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = weight.shape
+    rb, cb = -(-rows // block_size), -(-cols // block_size)
+    padded = torch.zeros(rb * block_size, cb * block_size, dtype=torch.float32, device=weight.device)
+    padded[:rows, :cols] = weight.float()
+    amax = padded.view(rb, block_size, cb, block_size).abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = (amax / 448.0).float()
+    full = scale.repeat_interleave(block_size, dim=0)[:rows].repeat_interleave(block_size, dim=1)[:, :cols]
+    return (weight.float() / full).to(torch.float8_e4m3fn), scale
+
+
+def quantize_blocks(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn weight, float32 scales [..., ceil(R/bs), ceil(C/bs)]) with scale = amax(block) / 448,
+    as DeepSeek's checkpoints store them; one matrix at a time to bound memory."""
+    if weight.dim() == 2:
+        return _quantize_matrix(weight, block_size)
+    pairs = [quantize_blocks(w, block_size) for w in weight]
+    return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])

@@ -30,6 +30,10 @@ C_ABI = (
     "dsa_indexer_topk_min_workspace_size",
     "dsa_sparse_attention",
     "dsa_sparse_attention_workspace_size",
+    "dsa_moe_experts",
+    "dsa_moe_experts_workspace_size",
+    "dsa_moe_experts_min_workspace_size",
+    "dsa_moe_experts_path",
 )
 
 
@@ -137,7 +141,7 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     build_dir, _, _ = sm90_build
     kern = KernelLibrary(build_dir / "libdsa_kernels.so")
     raw = kern._lib
-    assert raw.dsa_kernels_abi_version() == 1
+    assert raw.dsa_kernels_abi_version() == 2
     assert raw.dsa_status_string(1) == b"invalid argument"
     status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
     assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
@@ -152,3 +156,69 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     assert ws(1, 16384, 16384, 64, 128, 2048) == 256 << 20
     assert ws(1, 4, 100, 64, 128, 8) >= 4 * 100 * 4
     assert raw.dsa_indexer_topk_min_workspace_size(ctypes.c_int64(100)) == 512
+
+
+def test_moe_c_abi_validates_and_sizes_without_a_gpu(sm90_build):
+    """dsa_moe_experts rejects bad arguments before touching CUDA; the workspace sizes are host arithmetic."""
+    import itertools
+
+    from dsa_export.plugins.kernels import KernelLibrary
+
+    build_dir, _, _ = sm90_build
+    kern = KernelLibrary(build_dir / "libdsa_kernels.so")
+    raw = kern._lib
+    fake = 0x10000  # never dereferenced: every call below fails validation first
+    ws_small = 1024  # one token of these shapes needs 2048 bytes
+
+    def call(*, N=4, K=2, E=4, H=64, I=32, dtype=2, wdt=0, edt=2, bs=128, act=0, path=-1, ws=fake,
+             ws_bytes=1 << 20, scales=True):
+        s = fake if scales else None
+        return raw.dsa_moe_experts(fake, fake, fake, fake, fake, s, s, fake, N, K, E, H, I, dtype, wdt, edt, bs, act,
+                                   path, ws, ws_bytes, None)
+
+    def error():
+        return raw.dsa_last_error().decode()
+
+    assert call(act=1) == 1 and "activation" in error()
+    assert call(dtype=3) == 1 and "dtype" in error()            # FP8 is not an activation type
+    assert call(edt=7) == 1 and "dtype" in error()
+    assert call(E=0) == 1 and "E=0" in error()
+    assert call(E=9000) == 1 and "8192" in error()
+    assert call(K=0) == 1 and "K=0" in error()
+    assert call(wdt=1) == 1 and "topk_weights" in error()       # fp16 weights with bf16 x
+    assert call(edt=1) == 1 and "gate_up/down" in error()       # fp16 experts with bf16 x
+    assert call(edt=3, bs=0) == 1 and "block_size" in error()
+    assert call(edt=3, scales=False) == 1 and "null" in error()
+    assert call(path=4) == 1 and "path" in error()
+    assert call(ws=None) == 3 and "workspace" in error()
+    assert call(ws_bytes=ws_small) == 3 and "too small" in error()
+    assert call(N=0) == 0                                      # nothing to do: success without a device
+
+    size = kern.moe_experts_workspace_size
+    # Small shapes: exactly the layout of the README (256-byte aligned tables, act in x's dtype, fp32 slot rows).
+    assert size(4, 2, 4, 64, 32, kern_dtype("bf16")) == 3840
+    assert size(4, 2, 4, 64, 32, kern_dtype("fp32")) == 3840 + 512
+    assert kern.moe_experts_min_workspace_size(2, 4, 64, 32, kern_dtype("bf16")) == size(1, 2, 4, 64, 32, kern_dtype("bf16"))
+    # DeepSeek-V3.2 width: capped at 1 GiB (about 4K tokens per pass), never below one token.
+    assert size(16384, 8, 256, 7168, 2048, kern_dtype("bf16")) == 1 << 30
+    one = kern.moe_experts_min_workspace_size(8, 256, 7168, 2048, kern_dtype("bf16"))
+    assert 8 * (7168 * 4 + 2048 * 2) < one < 8 * (7168 * 4 + 2048 * 2) + 8192
+    assert size(0, 8, 256, 7168, 2048, kern_dtype("bf16")) == one
+    # The plugin sizes the workspace for the profile maximum: monotone in every argument.
+    grid = list(itertools.product([1, 7, 300, 5000], [1, 8], [4, 256], [64, 7168], [32, 2048]))
+    for a, b in itertools.product(grid, repeat=2):
+        if all(x <= y for x, y in zip(a, b)):
+            assert size(*a, kern_dtype("bf16")) <= size(*b, kern_dtype("bf16")), (a, b)
+    assert raw.dsa_moe_experts_workspace_size(4, 2, 4, 64, 32, 9) == 0
+    assert size(4, 0, 4, 64, 32, kern_dtype("bf16")) == 0
+    # Without a device the path query says so instead of guessing.
+    import torch
+
+    if not torch.cuda.is_available():
+        assert raw.dsa_moe_experts_path(1, 8, 256, 7168, 2048, 2, 2, 128) == -1
+
+
+def kern_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]

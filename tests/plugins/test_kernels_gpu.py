@@ -2,7 +2,7 @@
 
 Selections are compared as sets; a row whose reference has a (near-)tie at the k-th place may
 differ only among the tied keys. Attention is compared within 2e-2 (bf16), 1e-2 (fp16) and 1e-5
-(fp32) of the output scale.
+(fp32) of the output scale. Routed experts: see MOE_TOL for the bounds and why.
 """
 
 from __future__ import annotations
@@ -206,3 +206,189 @@ def test_sparse_attention_uses_tensor_cores_for_mqa_bf16(cuda_kernels):
     assert cuda_kernels.sparse_attention_path(128, 1, 576, 512, torch.bfloat16) == expect
     assert cuda_kernels.sparse_attention_path(4, 4, 192, 128, torch.bfloat16) == "generic"
     assert cuda_kernels.indexer_topk_path(64, 128, torch.bfloat16) == expect
+
+
+# ---------------------------------------------------------------------------------------------
+# Routed experts (DSAMoEExperts / DSAMoEExpertsFP8).
+#
+# Bounds on max|out - ref| / max|ref| (ref in float64). The kernels accumulate in fp32 and round
+# twice: the SiLU * up activation to x's dtype (it is the down GEMM's MMA operand) and the output.
+# Each rounding is at most 2^-9 (bf16) / 2^-12 (fp16) relative per element; the activation error
+# averages over the I terms of the down dot product, so the max error over a case stays near
+# 2-3 output roundings: 1e-2 for bf16 (about 5x 2^-9) and 2e-3 for fp16 (about 8x 2^-12). FP8
+# weights are dequantized (fp8 * block scale, exact in fp32) and rounded once more to x's dtype,
+# one more error of the same size in both GEMMs: 2e-2 / 4e-3. float32 runs the CUDA-core path in
+# fp32 throughout: 2e-5 (H, I <= 512 terms of fp32 sums).
+MOE_TOL = {
+    (torch.float32, False): 2e-5, (torch.float16, False): 2e-3, (torch.bfloat16, False): 1e-2,
+    (torch.float32, True): 2e-5, (torch.float16, True): 4e-3, (torch.bfloat16, True): 2e-2,
+}
+
+
+def _moe_routing(N, K, E, gen, *, empty_frac=0.1, oob_frac=0.02, experts=None):
+    """topk_ids [N,K] int32 with -1 slots, out-of-range ids and (through `experts`) unused experts;
+    some tokens get no expert at all, and repeated experts in a row are allowed."""
+    pool = torch.arange(E) if experts is None else torch.as_tensor(experts)
+    ids = pool[torch.randint(0, pool.numel(), (N, K), generator=gen)].to(torch.int32)
+    r = torch.rand((N, K), generator=gen)
+    ids[r < empty_frac] = -1
+    ids[(r >= empty_frac) & (r < empty_frac + oob_frac)] = E + 3
+    if N > 4:
+        ids[N // 3] = -1  # a token without experts: its output is exactly 0
+    return ids
+
+
+def _moe_case(N, K, E, H, I, dtype, *, fp8=False, block_size=128, w_dtype=torch.float32, seed=0, experts=None):
+    gen = _gen(seed)
+    x = torch.randn(N, H, generator=gen).to(dtype)
+    ids = _moe_routing(N, K, E, gen, experts=experts)
+    w = (torch.rand(N, K, generator=gen) / K).to(w_dtype)
+    gate_up = torch.randn(E, 2 * I, H, generator=gen) * H ** -0.5
+    down = torch.randn(E, H, I, generator=gen) * I ** -0.5
+    if fp8:
+        gate_up, gu_scale = ref.quantize_blocks(gate_up, block_size)
+        down, dn_scale = ref.quantize_blocks(down, block_size)
+        scales = (gu_scale.cuda(), dn_scale.cuda())
+    else:
+        gate_up, down = gate_up.to(dtype), down.to(dtype)
+        scales = (None, None)
+    return (x.cuda(), ids.cuda(), w.cuda(), gate_up.cuda(), down.cuda(), *scales)
+
+
+def _moe_check(got, args, dtype, fp8, block_size, what):
+    want = ref.moe_experts(*args, block_size=block_size)
+    assert got.shape == args[0].shape and got.dtype == dtype
+    scale = max(want.abs().max().item(), 1e-6)
+    err = (got.double() - want).abs().max().item()
+    tol = MOE_TOL[(dtype, fp8)]
+    assert math.isfinite(err) and err <= tol * scale, f"{what}: max abs error {err:.3e} > {tol} * {scale:.3e}"
+    ids = args[1]
+    E = args[3].shape[0]
+    silent = ~((ids >= 0) & (ids < E)).any(dim=1)
+    assert bool((got[silent] == 0).all()), f"{what}: tokens without a valid expert must be exactly 0"
+    return err / scale
+
+
+MOE_CASES = [
+    # name, N, K, E, H, I, dtype, fp8, block_size, topk_weights dtype
+    ("decode-N1-E256-bf16", 1, 8, 256, 256, 128, "bf16", False, 128, "fp32"),
+    ("decode-N4-E64-fp16", 4, 8, 64, 128, 64, "fp16", False, 128, "fp16"),
+    ("N64-E256-bf16", 64, 8, 256, 256, 128, "bf16", False, 128, "bf16"),
+    ("N300-E64-bf16-medium", 300, 8, 64, 512, 256, "bf16", False, 128, "fp32"),
+    ("N4096-E256-bf16-large", 4096, 8, 256, 256, 128, "bf16", False, 128, "fp32"),
+    ("N2048-E16-fp16-large", 2048, 8, 16, 256, 192, "fp16", False, 128, "fp32"),
+    ("N65-E16-fp32-generic", 65, 4, 16, 96, 40, "fp32", False, 128, "fp32"),
+    ("N40-E8-bf16-H100-generic", 40, 8, 8, 100, 36, "bf16", False, 128, "bf16"),
+    ("fp8-N33-E32-bf16", 33, 8, 32, 512, 256, "bf16", True, 128, "fp32"),
+    ("fp8-N1-E256-bf16-decode", 1, 8, 256, 512, 256, "bf16", True, 128, "fp32"),
+    ("fp8-N1024-E32-fp16-partial-blocks", 1024, 8, 32, 256, 320, "fp16", True, 128, "fp32"),
+    ("fp8-N200-E16-bf16-bs64", 200, 8, 16, 192, 128, "bf16", True, 64, "bf16"),
+    ("fp8-N20-E8-fp32-generic", 20, 8, 8, 64, 48, "fp32", True, 32, "fp32"),
+    ("fp8-N50-E8-bf16-bs24-generic", 50, 8, 8, 96, 64, "bf16", True, 24, "fp32"),
+]
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=[c[0] for c in MOE_CASES])
+def test_moe_experts_matches_reference(cuda_kernels, case):
+    name, N, K, E, H, I, dt, fp8, bs, wdt = case
+    dtype = DTYPES[dt]
+    args = _moe_case(N, K, E, H, I, dtype, fp8=fp8, block_size=bs, w_dtype=DTYPES[wdt], seed=zlib.crc32(name.encode()))
+    got = cuda_kernels.moe_experts(*args, block_size=bs)
+    torch.cuda.synchronize()
+    _moe_check(got, args, dtype, fp8, bs, name)
+
+
+def test_moe_experts_empty_experts_and_all_slots_invalid(cuda_kernels):
+    """Only 3 of 64 experts receive tokens; then no slot is valid at all (all outputs 0)."""
+    args = _moe_case(257, 8, 64, 128, 64, torch.bfloat16, experts=[5, 17, 63], seed=21)
+    _moe_check(cuda_kernels.moe_experts(*args), args, torch.bfloat16, False, 128, "three experts used")
+    x, ids, w, gu, dn, _, _ = args
+    got = cuda_kernels.moe_experts(x, torch.full_like(ids, -1), w, gu, dn)
+    assert bool((got == 0).all())
+    assert cuda_kernels.moe_experts(x[:0], ids[:0], w[:0], gu, dn).shape == (0, x.shape[1])
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_moe_experts_paths_agree_and_tensor_core_tiles_are_bitwise_equal(cuda_kernels, fp8):
+    """Every kernel family is within tolerance; the three tensor-core tile heights share one k order,
+    so they give the same bits (which is what makes the output independent of the batch)."""
+    args = _moe_case(300, 8, 32, 256, 128, torch.bfloat16, fp8=fp8, seed=22)
+    outs = {}
+    for path in ("generic", "tensor-core-16", "tensor-core-64", "tensor-core-128"):
+        outs[path] = cuda_kernels.moe_experts(*args, path=path)
+        _moe_check(outs[path], args, torch.bfloat16, fp8, 128, path)
+    assert torch.equal(outs["tensor-core-16"], outs["tensor-core-64"])
+    assert torch.equal(outs["tensor-core-16"], outs["tensor-core-128"])
+
+
+def test_moe_experts_is_deterministic_and_batch_invariant(cuda_kernels):
+    args = _moe_case(1024, 8, 64, 256, 128, torch.bfloat16, seed=23)
+    first = cuda_kernels.moe_experts(*args)
+    again = cuda_kernels.moe_experts(*args)
+    assert torch.equal(first, again), "two runs on the same inputs differ"
+    x, ids, w, gu, dn, _, _ = args
+    part = cuda_kernels.moe_experts(x[100:137], ids[100:137], w[100:137], gu, dn)  # a decode-sized batch
+    assert torch.equal(part, first[100:137]), "a token's output depends on the other tokens of the batch"
+
+
+def test_moe_experts_small_workspace_runs_in_passes(cuda_kernels):
+    args = _moe_case(500, 8, 32, 128, 64, torch.float16, seed=24)
+    whole = cuda_kernels.moe_experts(*args)
+    x, ids, w, gu, dn, _, _ = args
+    min_ws = cuda_kernels.moe_experts_min_workspace_size(8, 32, 128, 64, torch.float16)
+    ws = torch.empty(3 * min_ws, dtype=torch.uint8, device="cuda")  # a few tokens per pass
+    chunked = cuda_kernels.moe_experts(x, ids, w, gu, dn, workspace=ws)
+    assert torch.equal(chunked, whole)
+
+
+def test_moe_experts_workspace_too_small_is_an_error(cuda_kernels):
+    from dsa_export.plugins.kernels import KernelError
+
+    x, ids, w, gu, dn, _, _ = _moe_case(4, 2, 4, 64, 32, torch.bfloat16, seed=25)
+    with pytest.raises(KernelError, match="workspace"):
+        cuda_kernels.moe_experts(x, ids, w, gu, dn, workspace=torch.empty(64, dtype=torch.uint8, device="cuda"))
+
+
+def test_moe_experts_forced_tensor_core_path_rejects_fp32(cuda_kernels):
+    from dsa_export.plugins.kernels import KernelError
+
+    args = _moe_case(4, 2, 4, 64, 32, torch.float32, seed=26)
+    with pytest.raises(KernelError, match="tensor-core"):
+        cuda_kernels.moe_experts(*args, path="tensor-core-16")
+
+
+def test_moe_experts_path_choice(cuda_kernels):
+    major = torch.cuda.get_device_capability()[0]
+    tc = major >= 8
+    path = cuda_kernels.moe_experts_path
+    assert path(1, 8, 256, 7168, 2048, torch.bfloat16) == ("tensor-core-16" if tc else "generic")
+    assert path(4096, 8, 256, 7168, 2048, torch.bfloat16) == ("tensor-core-128" if tc else "generic")
+    assert path(4096, 8, 256, 7168, 2048, torch.bfloat16, torch.float8_e4m3fn) == ("tensor-core-128" if tc else "generic")
+    assert path(1024, 8, 256, 7168, 2048, torch.float16) == ("tensor-core-64" if tc else "generic")
+    assert path(16, 8, 256, 7168, 2048, torch.float32) == "generic"
+    assert path(16, 8, 256, 7168, 2048, torch.bfloat16, torch.float8_e4m3fn, 100) == "generic"
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_moe_experts_at_deepseek_width(cuda_kernels, fp8):
+    """H = 7168, I = 2048, top-8 (64 of the 256 experts to bound memory: 5.6 GB bf16), decode and a prefill chunk."""
+    N, K, E, H, I = 64, 8, 64, 7168, 2048
+    gen = _gen(27)
+    x = torch.randn(N, H, generator=gen).to(torch.bfloat16).cuda()
+    ids = _moe_routing(N, K, E, gen).cuda()
+    w = (torch.rand(N, K, generator=gen) / K).cuda()
+    cuda_gen = torch.Generator(device="cuda").manual_seed(27)
+    gate_up = torch.randn(E, 2 * I, H, device="cuda", generator=cuda_gen) * H ** -0.5
+    down = torch.randn(E, H, I, device="cuda", generator=cuda_gen) * I ** -0.5
+    if fp8:
+        gate_up, gu_s = ref.quantize_blocks(gate_up, 128)
+        down, dn_s = ref.quantize_blocks(down, 128)
+        args = (x, ids, w, gate_up, down, gu_s, dn_s)
+    else:
+        args = (x, ids, w, gate_up.to(torch.bfloat16), down.to(torch.bfloat16), None, None)
+    del gate_up, down
+    for n in (1, N):
+        sub = (args[0][:n], args[1][:n], args[2][:n], *args[3:])
+        got = cuda_kernels.moe_experts(*sub)
+        torch.cuda.synchronize()
+        _moe_check(got, sub, torch.bfloat16, fp8, 128, f"deepseek width N={n}")

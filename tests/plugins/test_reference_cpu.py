@@ -71,3 +71,76 @@ def test_float64_references_agree_with_the_package_ops():
     idx = dsa_indexer_topk(q, k, w, lengths, topk=8, scale=0.25)
     torch.testing.assert_close(ref.sparse_attention(qa, ka, va, idx, scale=0.2).float(),
                                dsa_sparse_attention(qa, ka, va, idx, scale=0.2), atol=1e-5, rtol=1e-5)
+
+
+def _moe_inputs(gen, N, K, E, H, I):
+    x = torch.randn(N, H, generator=gen)
+    ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
+    ids[0, 0] = -1
+    ids[1 % N, K - 1] = E + 2  # out of range: skipped
+    ids[2 % N, :] = -1         # a token without any expert
+    ids[3 % N, 1] = ids[3 % N, 0]  # the same expert twice in a row counts twice
+    w = torch.rand(N, K, generator=gen)
+    gate_up = torch.randn(E, 2 * I, H, generator=gen) * H ** -0.5
+    down = torch.randn(E, H, I, generator=gen) * I ** -0.5
+    return x, ids, w, gate_up, down
+
+
+def test_moe_reference_matches_a_loop():
+    gen = torch.Generator().manual_seed(11)
+    N, K, E, H, I = 6, 3, 5, 8, 4
+    x, ids, w, gate_up, down = _moe_inputs(gen, N, K, E, H, I)
+    got = ref.moe_experts(x, ids, w, gate_up, down)
+    assert got.dtype == torch.float64
+    for n in range(N):
+        want = torch.zeros(H, dtype=torch.float64)
+        for k in range(K):
+            e = int(ids[n, k])
+            if not 0 <= e < E:
+                continue
+            g = gate_up[e, :I].double() @ x[n].double()
+            u = gate_up[e, I:].double() @ x[n].double()
+            want += float(w[n, k]) * (down[e].double() @ (g * torch.sigmoid(g) * u))
+        torch.testing.assert_close(got[n], want)
+    assert torch.all(got[2] == 0)
+
+
+def test_block_quantization_round_trips_within_fp8_precision():
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(3, 300, 200, generator=gen)
+    q, scale = ref.quantize_blocks(w, 128)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (3, 3, 2)
+    back = ref.dequantize_blocks(q, scale, 128)
+    # e4m3 keeps 3 mantissa bits: relative rounding error at most 2^-4 (normal range).
+    rel = ((back - w.double()).abs() / w.double().abs().clamp(min=1e-3)).max()
+    assert float(rel) <= 2 ** -4 + 1e-6
+    # a block's largest magnitude maps to 448 exactly
+    assert float(q[0, :128, :128].float().abs().max()) == 448.0
+
+
+def test_moe_references_agree_with_the_package_ops():
+    """Ties the kernels' float64 MoE reference to dsa_export.ops (torch op and NumPy reference)."""
+    ops = pytest.importorskip("dsa_export.ops")
+    reference = pytest.importorskip("dsa_export.ops.reference")
+    if not hasattr(ops, "dsa_moe_experts"):
+        pytest.skip("dsa_export.ops has no routed-experts op yet")
+    gen = torch.Generator().manual_seed(13)
+    N, K, E, H, I = 9, 4, 6, 32, 16
+    x, ids, w, gate_up, down = _moe_inputs(gen, N, K, E, H, I)
+    mine = ref.moe_experts(x, ids, w, gate_up, down)
+    # their reference returns x's dtype: hand it float64 x to compare in float64
+    theirs = reference.moe_experts_reference(x.double().numpy(), ids.numpy(), w.numpy(), gate_up.numpy(), down.numpy())
+    torch.testing.assert_close(mine, torch.from_numpy(theirs).double(), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(ops.dsa_moe_experts(x, ids, w, gate_up, down).double(), mine, atol=1e-4, rtol=1e-4)
+    q_gu, s_gu = ref.quantize_blocks(gate_up, 16)
+    q_dn, s_dn = ref.quantize_blocks(down, 16)
+    mine8 = ref.moe_experts(x, ids, w, q_gu, q_dn, s_gu, s_dn, block_size=16)
+    theirs8 = reference.moe_experts_fp8_reference(
+        x.double().numpy(), ids.numpy(), w.numpy(), q_gu.float().numpy(), q_dn.float().numpy(), s_gu.numpy(),
+        s_dn.numpy(),
+        block_size=16)
+    # moe_experts_fp8_reference hands the dequantized weights to moe_experts_reference, which reads
+    # its inputs through float32: fp8 * scale is rounded to float32 there, so agree to float32 precision.
+    torch.testing.assert_close(mine8, torch.from_numpy(theirs8).double(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ops.dsa_moe_experts_fp8(x, ids, w, q_gu, q_dn, s_gu, s_dn, block_size=16).double(), mine8,
+                               atol=1e-4, rtol=1e-4)
