@@ -6,8 +6,10 @@
 #
 # Needs: an NVIDIA GPU (sm_80+), the CUDA toolkit (nvcc), cmake >= 3.24, a C++ compiler, Python
 # with CUDA torch and pytest. No TensorRT and no network access needed. Budget: about 8 minutes
-# on an H200 (build ~1 min, tests ~2 min, benchmark ~4 min; each step has its own timeout).
-# Result: $OUT_DIR/gpu_check.json (summary), build.log, pytest.log, pytest.xml, bench.json, bench.log.
+# on an H200 (build ~1 min, tests ~2 min, benchmark ~4 min, MoE benchmark ~1 min; each step has
+# its own timeout, and the later steps shrink or skip themselves when the 8 minutes run short).
+# Result: $OUT_DIR/gpu_check.json (summary), build.log, pytest.log, pytest.xml, bench.json, bench.log,
+# bench_moe.json, bench_moe.log.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +50,9 @@ if [ "$BUILD_RC" -ne 0 ] && [ -x "$NVCC" ] && [ "$ARCH" != "native" ]; then
         "$REPO/plugins/common/dsaKernelCommon.cpp" "$REPO/plugins/api/dsaKernelsApi.cpp" \
         "$REPO/plugins/dsaIndexerTopKPlugin/dsaIndexerTopKKernel.cu" \
         "$REPO/plugins/dsaSparseAttentionPlugin/dsaSparseAttentionKernel.cu" \
+        "$REPO/plugins/dsaMoEExpertsPlugin/dsaMoEExpertsKernel.cu" \
+        "$REPO/plugins/dsaMoEExpertsPlugin/dsaMoEExpertsRouting.cu" \
+        "$REPO/plugins/dsaMoEExpertsPlugin/dsaMoEExpertsGemm.cu" \
         -o "$BUILD_DIR/libdsa_kernels.so" >> "$OUT_DIR/build.log" 2>&1
     BUILD_RC=$?
     printf '{"cuda_architectures": ["%s"], "built_by": "nvcc fallback", "glue_built": false, "libraries": {"kernels": "libdsa_kernels.so"}}\n' \
@@ -68,6 +73,21 @@ if [ "$BUILD_RC" -eq 0 ]; then
         --junitxml="$OUT_DIR/pytest.xml" > "$OUT_DIR/pytest.log" 2>&1
     TEST_RC=$?
     log "pytest rc=$TEST_RC"
+fi
+
+# ---- 2b. routed-experts (MoE) benchmark: one DeepSeek-V3.2 layer, bf16 and FP8 experts ---------
+# Cases run most informative first (decode N=1, prefill N=4096) and stop at --budget-s (about
+# 30 s for the quick set), so the benchmark below keeps its time.
+MOE_BENCH_RC=-1
+ELAPSED=$(($(date +%s) - T0))
+if [ "$BUILD_RC" -eq 0 ] && [ "$ELAPSED" -lt 400 ]; then
+    MOE_ARGS=(--budget-s $((420 - ELAPSED < 60 ? 420 - ELAPSED : 60)))
+    if [ "$ELAPSED" -gt 150 ]; then MOE_ARGS+=(--quick); fi
+    log "running the MoE benchmark (${MOE_ARGS[*]})"
+    timeout $((450 - ELAPSED < 120 ? 450 - ELAPSED : 120)) "$PY" "$REPO/tools/bench_moe_kernel.py" \
+        --out "$OUT_DIR/bench_moe.json" --lib "$DSA_EXPORT_PLUGIN_LIB" "${MOE_ARGS[@]}" > "$OUT_DIR/bench_moe.log" 2>&1
+    MOE_BENCH_RC=$?
+    log "MoE benchmark rc=$MOE_BENCH_RC"
 fi
 
 # ---- 3. benchmark ----------------------------------------------------------------------------
@@ -95,12 +115,14 @@ if [ "$BUILD_RC" -eq 0 ] && [ $(($(date +%s) - T0)) -lt 330 ]; then
 fi
 
 # ---- 4. summary JSON -------------------------------------------------------------------------
-"$PY" - "$OUT_DIR" "$ARCH" "$BUILD_RC" "$BUILD_S" "$TEST_RC" "$BENCH_RC" "$(($(date +%s) - T0))" "$LAYER_RC" <<'PYEOF'
+"$PY" - "$OUT_DIR" "$ARCH" "$BUILD_RC" "$BUILD_S" "$TEST_RC" "$BENCH_RC" "$(($(date +%s) - T0))" "$LAYER_RC" \
+    "$MOE_BENCH_RC" <<'PYEOF'
 import json, sys, pathlib, xml.etree.ElementTree as ET
-out, arch, build_rc, build_s, test_rc, bench_rc, total_s, layer_rc = sys.argv[1:]
+out, arch, build_rc, build_s, test_rc, bench_rc, total_s, layer_rc, moe_rc = sys.argv[1:]
 out = pathlib.Path(out)
 summary = {"cuda_arch": arch, "build_rc": int(build_rc), "build_s": int(build_s), "pytest_rc": int(test_rc),
-           "bench_rc": int(bench_rc), "layer_bench_rc": int(layer_rc), "total_s": int(total_s)}
+           "bench_rc": int(bench_rc), "moe_bench_rc": int(moe_rc), "layer_bench_rc": int(layer_rc),
+           "total_s": int(total_s)}
 try:
     import torch
     summary["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -121,12 +143,19 @@ if bench.is_file():
     data = json.loads(bench.read_text())
     summary["bench_goals"] = data.get("goals", {})
     summary["bench"] = {k: data.get(k) for k in ("sparse_attention", "indexer_topk")}
+moe = out / "bench_moe.json"
+if moe.is_file():
+    data = json.loads(moe.read_text())
+    summary["moe_bench_goals"] = data.get("goals", {})
+    summary["moe_bench"] = [{k: e.get(k) for k in ("case", "path", "kernel_ms", "kernel_tflops", "weight_gbps",
+                                                    "speedup_vs_torch", "error")} for e in data.get("moe_experts", [])]
 for name in ("dsa_build_info.json",):
     p = out / name
     if p.is_file():
         summary["build_info"] = json.loads(p.read_text())
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
-print(json.dumps({k: summary.get(k) for k in ("device", "build_rc", "pytest", "bench_goals", "total_s")}, indent=2))
+print(json.dumps({k: summary.get(k) for k in ("device", "build_rc", "pytest", "bench_goals", "moe_bench_goals",
+                                              "total_s")}, indent=2))
 PYEOF
 log "done; results in $OUT_DIR/gpu_check.json"
-[ "$BUILD_RC" -eq 0 ] && [ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
+[ "$BUILD_RC" -eq 0 ] && [ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ] && [ "$MOE_BENCH_RC" -le 0 ]
