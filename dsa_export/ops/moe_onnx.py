@@ -254,3 +254,17 @@ def moe_experts_fp8_function(opset: int, body: str = "expert") -> FunctionProto:
                    block_size=_block_size_attr())
         acc = _expert_loop(b, s, w_gate_up, w_down)
     return _finish(b, s, acc, MOE_EXPERTS_FP8, opset)
+
+
+def use_fp8_body(model, body: str) -> bool:
+    """Replace ``model``'s DSAMoEExpertsFP8 function with the ``body`` construction, in place.
+
+    For builders that cannot run the default ``expert`` body: TensorRT(-RTX) builds ``stack``.
+    Returns whether the model had the function.
+    """
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for i, fn in enumerate(model.functions):
+        if fn.domain == DOMAIN and fn.name == MOE_EXPERTS_FP8.name:
+            model.functions[i].CopyFrom(moe_experts_fp8_function(opset, body))
+            return True
+    return False

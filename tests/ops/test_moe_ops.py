@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dsa_export.errors import DSAUserError
 from dsa_export.ops import dsa_moe_experts, dsa_moe_experts_fp8
 from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBUTES
-from dsa_export.ops.moe_onnx import moe_experts_fp8_function
+from dsa_export.ops.moe_onnx import moe_experts_fp8_function, use_fp8_body
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import REFERENCE_OPS, moe_experts_fp8_reference, moe_experts_reference
 
@@ -396,5 +396,10 @@ def test_tensorrt_rtx_builds_the_bodies():
     assert ok, log
     # The per-expert FP8 body needs a Scan over FP8 tensors, which TensorRT refuses (FP8 tensors
     # may only feed dequantize/shuffle/concat layers); if this starts to build, update docs/ops.md.
-    ok, _ = _rtx_build(fp8_model(*fp8, 2, 16, body="expert"))
+    default = fp8_model(*fp8, 2, 16, body="expert")
+    ok, _ = _rtx_build(default)
     assert not ok
+    assert use_fp8_body(default, "stack")  # what a TensorRT build of an exported file does first
+    ok, log = _rtx_build(default)
+    assert ok, log
+    assert not use_fp8_body(moe_model(8, 16, 32, 2), "stack")
