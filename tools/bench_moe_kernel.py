@@ -108,7 +108,8 @@ def moe_case(kern, layer, N: int, fp8: bool, E: int, gen: torch.Generator, refs:
     if fp8:
         weight_bytes += active * 4 * (gu_scale[0].numel() + dn_scale[0].numel())
     flops = 6.0 * H * I * N * K
-    out = {"N": N, "K": K, "E": E, "H": H, "I": I, "x": "bf16", "experts": "fp8_e4m3 (128x128 scales)" if fp8 else "bf16",
+    out = {"N": N, "K": K, "E": E, "H": H, "I": I, "x": "bf16",
+           "experts": "fp8_e4m3 (128x128 scales)" if fp8 else "bf16",
            "path": kern.moe_experts_path(N, K, E, H, I, torch.bfloat16, torch.float8_e4m3fn if fp8 else None),
            "active_experts": active, "workspace_mib": ws.numel() / 2**20, "kernel_ms": t * 1e3,
            "kernel_tflops": flops / t / 1e12, "weight_gbps": weight_bytes / t / 1e9}

@@ -198,7 +198,8 @@ def test_moe_c_abi_validates_and_sizes_without_a_gpu(sm90_build):
     # Small shapes: exactly the layout of the README (256-byte aligned tables, act in x's dtype, fp32 slot rows).
     assert size(4, 2, 4, 64, 32, kern_dtype("bf16")) == 3840
     assert size(4, 2, 4, 64, 32, kern_dtype("fp32")) == 3840 + 512
-    assert kern.moe_experts_min_workspace_size(2, 4, 64, 32, kern_dtype("bf16")) == size(1, 2, 4, 64, 32, kern_dtype("bf16"))
+    bf16 = kern_dtype("bf16")
+    assert kern.moe_experts_min_workspace_size(2, 4, 64, 32, bf16) == size(1, 2, 4, 64, 32, bf16)
     # DeepSeek-V3.2 width: capped at 1 GiB (about 4K tokens per pass), never below one token.
     assert size(16384, 8, 256, 7168, 2048, kern_dtype("bf16")) == 1 << 30
     one = kern.moe_experts_min_workspace_size(8, 256, 7168, 2048, kern_dtype("bf16"))

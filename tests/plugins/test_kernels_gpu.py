@@ -363,10 +363,11 @@ def test_moe_experts_path_choice(cuda_kernels):
     path = cuda_kernels.moe_experts_path
     assert path(1, 8, 256, 7168, 2048, torch.bfloat16) == ("tensor-core-16" if tc else "generic")
     assert path(4096, 8, 256, 7168, 2048, torch.bfloat16) == ("tensor-core-128" if tc else "generic")
-    assert path(4096, 8, 256, 7168, 2048, torch.bfloat16, torch.float8_e4m3fn) == ("tensor-core-128" if tc else "generic")
+    fp8 = torch.float8_e4m3fn
+    assert path(4096, 8, 256, 7168, 2048, torch.bfloat16, fp8) == ("tensor-core-128" if tc else "generic")
     assert path(1024, 8, 256, 7168, 2048, torch.float16) == ("tensor-core-64" if tc else "generic")
     assert path(16, 8, 256, 7168, 2048, torch.float32) == "generic"
-    assert path(16, 8, 256, 7168, 2048, torch.bfloat16, torch.float8_e4m3fn, 100) == "generic"
+    assert path(16, 8, 256, 7168, 2048, torch.bfloat16, fp8, 100) == "generic"
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])

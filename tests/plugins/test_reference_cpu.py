@@ -142,5 +142,5 @@ def test_moe_references_agree_with_the_package_ops():
     # moe_experts_fp8_reference hands the dequantized weights to moe_experts_reference, which reads
     # its inputs through float32: fp8 * scale is rounded to float32 there, so agree to float32 precision.
     torch.testing.assert_close(mine8, torch.from_numpy(theirs8).double(), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(ops.dsa_moe_experts_fp8(x, ids, w, q_gu, q_dn, s_gu, s_dn, block_size=16).double(), mine8,
-                               atol=1e-4, rtol=1e-4)
+    op8 = ops.dsa_moe_experts_fp8(x, ids, w, q_gu, q_dn, s_gu, s_dn, block_size=16)
+    torch.testing.assert_close(op8.double(), mine8, atol=1e-4, rtol=1e-4)
