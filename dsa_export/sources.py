@@ -1,9 +1,10 @@
-"""Resolve what the user calls MODEL into a torch module, example inputs and a reference spec.
+"""Resolve what the user calls MODEL into a torch module, example inputs and a model reference.
 
-A spec is a built-in name (``tiny``), ``builtin:tiny``, ``path/to/file.py:factory`` where the
+MODEL is a built-in name (``tiny``), ``builtin:tiny``, ``path/to/file.py:factory`` where the
 factory returns ``(module, example_inputs)`` and may accept ``batch`` / ``seq_len`` keywords, or a
-Hugging Face directory (``hf:<dir>#graph=...``, see :mod:`dsa_export.hf.source`). The
-spec is stored in the exported file's metadata so ``validate`` can rebuild the reference.
+Hugging Face directory (see :mod:`dsa_export.hf.source`). What was resolved is recorded as a
+:class:`~dsa_export.model_ref.ModelReference` in the exported file's metadata so ``validate``
+can rebuild the reference.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from dsa_export.errors import DSAUserError
+from dsa_export.model_ref import ModelReference
 
 
 @dataclass
 class ModelSource:
-    spec: str  # canonical spec string stored in metadata
-    module: Any  # torch.nn.Module
+    reference: ModelReference  # what was resolved; stored in the exported file's metadata
+    module: Any  # torch.nn.Module (on the meta device when ``weights`` supplies its tensors)
     example_inputs: dict[str, Any]
     output_names: list[str] = field(default_factory=lambda: ["logits"])
     config: dict | None = None
@@ -40,6 +42,29 @@ class ModelSource:
     make_inputs: Callable[[int, int, int], dict[str, Any]] | None = None
     #: The user's ``file.py:factory``, called again for inputs of other shapes.
     factory: Callable[..., Any] | None = None
+    #: ``{initializer name: tensor source}`` for a module on the meta device: the exporter streams
+    #: each tensor from here into the file (see :mod:`dsa_export.export.external`).
+    weights: dict[str, Any] | None = None
+    #: False when the module is already in the export's precision (mixed dtypes, FP8 weights), so
+    #: the exporter must not cast it.
+    cast: bool = True
+    #: The export dtype the module was built in (None: fp32 unless the settings say otherwise).
+    dtype: str | None = None
+    #: The lowest standard opset the graph needs (blocked DequantizeLinear for FP8 weights: 21).
+    min_opset: int | None = None
+    #: Loads the module validation runs when it is neither ``module`` nor ``reference_module``
+    #: (a meta-device module's weights materialized).
+    module_loader: Callable[[], Any] | None = None
+
+    @property
+    def spec(self) -> str:
+        """Human-readable form of :attr:`reference`."""
+        return self.reference.describe()
+
+    @functools.cached_property
+    def runnable_module(self) -> Any:
+        """``module`` with real weights (loaded now when it lives on the meta device)."""
+        return self.module_loader() if self.module_loader is not None else self.module
 
     @functools.cached_property
     def reference_module(self) -> Any:
@@ -61,7 +86,7 @@ def _builtin(name: str, batch: int, seq_len: int, seed: int) -> ModelSource:
         )
     module = build_builtin(name)
     return ModelSource(
-        spec=f"builtin:{name}",
+        reference=ModelReference("builtin", name=name),
         module=module,
         example_inputs=example_inputs(module.config, batch, seq_len, seed),
         config=module.config.to_dict(),
@@ -116,10 +141,17 @@ def _call_factory(factory, batch: int | None, seq_len: int | None):
     return module.eval(), inputs, names
 
 
-def resolve(spec: str | None, *, batch: int = 2, seq_len: int = 64, seed: int = 0) -> ModelSource:
-    """Turn a MODEL argument into a :class:`ModelSource`."""
+def resolve(spec: str | ModelReference | None, *, batch: int = 2, seq_len: int = 64, seed: int = 0,
+            dtype: str | None = None) -> ModelSource:
+    """Turn a MODEL argument (or a recorded reference) into a :class:`ModelSource`.
+
+    ``dtype`` (fp32/fp16/bf16) matters for Hugging Face checkpoints only, whose modules are built
+    in the export's precision (None: the checkpoint's own dtype).
+    """
     from dsa_export.nn import DEFAULT_MODEL
 
+    if isinstance(spec, ModelReference):
+        return resolve_reference(spec, batch=batch, seq_len=seq_len, seed=seed, dtype=dtype)
     spec = spec or DEFAULT_MODEL
     if spec.startswith("builtin:"):
         return _builtin(spec.split(":", 1)[1], batch, seq_len, seed)
@@ -132,21 +164,34 @@ def resolve(spec: str | None, *, batch: int = 2, seq_len: int = 64, seed: int = 
         module, inputs, names = _call_factory(factory, batch, seq_len)
         from dsa_export.fileio import sha256_file
 
+        sha = sha256_file(path)
         return ModelSource(
-            spec=f"{path.resolve()}:{attr}", module=module, example_inputs=inputs,
-            output_names=names or ["logits"], file_sha256=sha256_file(path), factory=factory,
+            reference=ModelReference("factory", name=attr, path=str(path.resolve()), sha256=sha),
+            module=module, example_inputs=inputs, output_names=names or ["logits"], file_sha256=sha, factory=factory,
         )
-    if spec.startswith("hf:") or Path(spec).is_dir():
-        from dsa_export.hf.source import format_spec, hf_source
+    if Path(spec).is_dir():
+        from dsa_export.hf.source import hf_reference, hf_source
 
-        return hf_source(spec if spec.startswith("hf:") else format_spec(spec), batch=batch, seq_len=seq_len, seed=seed)
+        return hf_source(hf_reference(spec), batch=batch, seq_len=seq_len, seed=seed, dtype=dtype)
     return _builtin(spec, batch, seq_len, seed)
+
+
+def resolve_reference(reference: ModelReference, *, batch: int = 2, seq_len: int = 64, seed: int = 0,
+                      dtype: str | None = None) -> ModelSource:
+    """Rebuild the :class:`ModelSource` a recorded reference names (paths already absolute)."""
+    if reference.kind == "builtin":
+        return _builtin(reference.name, batch, seq_len, seed)
+    if reference.kind == "factory":
+        return resolve(f"{reference.path}:{reference.name}", batch=batch, seq_len=seq_len, seed=seed)
+    from dsa_export.hf.source import hf_source
+
+    return hf_source(reference, batch=batch, seq_len=seq_len, seed=seed, dtype=dtype)
 
 
 def _inputs_for(source: ModelSource, batch: int, seq_len: int, seed: int) -> dict[str, Any]:
     if source.make_inputs is not None:
         return source.make_inputs(batch, seq_len, seed)
-    if source.spec.startswith("builtin:"):
+    if source.reference.kind == "builtin":
         from dsa_export.nn import example_inputs
 
         return example_inputs(source.module.config, batch, seq_len, seed)

@@ -130,6 +130,7 @@ class OnnxRuntimeBackend(Backend):
         super().__init__(settings)
         from dsa_export.export import ExportSettings, export_model, save_model
         from dsa_export.runtime.onnxrt import session
+        from dsa_export.model_ref import ModelReference
         from dsa_export.sources import ModelSource
 
         cfg = settings.block
@@ -142,7 +143,8 @@ class OnnxRuntimeBackend(Backend):
             start = time.perf_counter()
             example = make_input(cfg, export_settings.seq_len).expand(export_settings.batch, -1, -1).contiguous()
             source = ModelSource(
-                spec=f"bench:{variant}-block", module=block, example_inputs={"x": example}, output_names=["out"],
+                reference=ModelReference("module", name=f"bench:{variant}-block"), module=block,
+                example_inputs={"x": example}, output_names=["out"],
                 config={"bench_block": {**cfg.__dict__, "variant": variant}},
             )
             path = save_model(export_model(source, export_settings), Path(self._tmp.name) / f"{variant}.onnx")

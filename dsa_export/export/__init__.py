@@ -1,6 +1,7 @@
 """The export stage: torch model -> ONNX with ``dsa`` custom nodes or standard ops only."""
 
-from dsa_export.export.exporter import export_model, inline_custom_ops, save_model
+from dsa_export.export.exporter import ExportResult, export_model, export_to_file, inline_custom_ops, save_model
 from dsa_export.export.settings import DEFAULT_OPSET, ExportSettings
 
-__all__ = ["DEFAULT_OPSET", "ExportSettings", "export_model", "inline_custom_ops", "save_model"]
+__all__ = ["DEFAULT_OPSET", "ExportResult", "ExportSettings", "export_model", "export_to_file", "inline_custom_ops",
+           "save_model"]

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -37,7 +38,6 @@ META_MODE = "dsa_export.ops_mode"
 META_SPEC = "dsa_export.reference"
 META_CONFIG = "dsa_export.model_config"
 META_SETTINGS = "dsa_export.export_settings"
-META_FILE_SHA = "dsa_export.reference_sha256"
 
 
 def _dynamic_shapes(inputs: dict, axes: dict[str, dict[int, str]] | None = None) -> dict:
@@ -62,12 +62,22 @@ def _cast_inputs(inputs: dict, dtype) -> dict:
     return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
 
 
+def _on_meta(module) -> bool:
+    return any(p.device.type == "meta" for p in module.parameters())
+
+
 def _run_torch_export(source: ModelSource, settings: ExportSettings):
+    """torch.export + translation to ONNX, unoptimized (weights are bound before optimizing)."""
     import torch
 
+    from dsa_export.ops.quant import translations as quant_translations
+
     dtype = getattr(torch, DTYPES[settings.dtype])
-    module = source.module.to(dtype)
+    module = source.module.to(dtype) if source.cast else source.module
     inputs = _cast_inputs(source.example_inputs, dtype)
+    if _on_meta(module):
+        # Weights without data: trace on the meta device too; the exporter never needs values.
+        inputs = {k: v.to("meta") for k, v in inputs.items()}
     shapes = _dynamic_shapes(inputs, source.dynamic_axes)
     if source.input_names is not None:  # a module taking its inputs positionally
         args, kwargs = tuple(inputs[n] for n in source.input_names), None
@@ -89,10 +99,10 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
                 kwargs=kwargs,
                 dynamic_shapes=shapes,
                 input_names=source.input_names,
-                custom_translation_table=translation_table(),
+                custom_translation_table={**translation_table(), **quant_translations()},
                 opset_version=settings.opset,
                 dynamo=True,
-                optimize=True,
+                optimize=False,
                 output_names=source.output_names,
                 verbose=False,
             )
@@ -168,12 +178,17 @@ def _strip_debug_metadata(model: onnx.ModelProto) -> None:
     del model.metadata_props[:]
 
 
-def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportSettings) -> None:
+def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportSettings,
+                  folder: Path | None) -> None:
+    """Tool, versions of the ``dsa`` ops used, settings and the model reference (its path relative
+    to ``folder``, where the file goes; absolute until :func:`save_model` knows the destination)."""
+    used_ops = {n.op_type for n in model.graph.node if n.domain == DOMAIN} & set(OPS)
+    reference = source.reference if folder is None else source.reference.relative_to(folder)
     props = {
         META_TOOL: __version__,
-        META_OPS: json.dumps({name: DOMAIN_VERSION for name in sorted(OPS)}),
+        META_OPS: json.dumps({name: DOMAIN_VERSION for name in sorted(used_ops)}),
         META_MODE: settings.ops,
-        META_SPEC: source.spec,
+        META_SPEC: reference.to_json(),
         META_SETTINGS: json.dumps(
             {"batch": settings.batch, "seq_len": settings.seq_len, "dtype": settings.dtype,
              "opset": settings.opset, "seed": settings.seed, "ops": settings.ops},
@@ -182,13 +197,20 @@ def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportS
     }
     if source.config is not None:
         props[META_CONFIG] = json.dumps(source.config, sort_keys=True, default=str)
-    if source.file_sha256:
-        props[META_FILE_SHA] = source.file_sha256
     for key, value in props.items():
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     model.producer_name = "dsa-export"
     model.producer_version = __version__
     model.doc_string = f"Exported by dsa-export {__version__} from {source.spec} ({settings.ops} ops)."
+
+
+def _relocate_reference(model: onnx.ModelProto, folder: Path) -> None:
+    """Make the recorded reference's path relative to ``folder`` (the file's final directory)."""
+    from dsa_export.model_ref import ModelReference
+
+    for prop in model.metadata_props:
+        if prop.key == META_SPEC and prop.value.lstrip().startswith("{"):
+            prop.value = ModelReference.from_json(prop.value).relative_to(folder).to_json()
 
 
 def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -203,29 +225,150 @@ def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     return inlined
 
 
-def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelProto:
-    """Trace ``source`` and return the finished, checked ONNX model."""
-    register_schemas()
-    program = _run_torch_export(source, settings)
-    model = program.model_proto
+def _finish(model: onnx.ModelProto, source: ModelSource, settings: ExportSettings,
+            folder: Path | None) -> onnx.ModelProto:
+    """Custom-node types, function bodies, metadata and the ``native`` inlining of a traced graph."""
     _strip_debug_metadata(model)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    if any(n.domain == DOMAIN for n in model.graph.node):
+    used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+    if used:
         annotate_custom_outputs(model)
         _name_unnamed_dims(model)
-        model.functions.extend(function_protos(settings.opset))
-    _set_metadata(model, source, settings)
+        # The bodies of the ops the graph uses (an FP8 experts body exists from opset 21 only).
+        model.functions.extend(f for f in function_protos(settings.opset) if f.name in used)
+    _set_metadata(model, source, settings, folder)
     if settings.ops == "native":
         model = inline_custom_ops(model)
-    if initializer_bytes(model) < EXTERNAL_DATA_BYTES:
-        _check(model)
-    # else: protobuf cannot serialize it in one piece; save_model checks the saved file instead.
     return model
+
+
+def _trace(source: ModelSource, settings: ExportSettings):
+    """The optimized ``onnx_ir`` model of ``source`` (weights bound, not yet read) and the
+    settings with dtype and opset decided."""
+    from dsa_export.export.external import bind_sources
+
+    import onnxscript.optimizer
+    import onnxscript.rewriter.onnx_fusions
+
+    settings = settings.resolved(source.dtype, source.min_opset)
+    register_schemas()
+    program = _run_torch_export(source, settings)
+    model = program.model
+    bind_sources(model, source.weights)
+    # What torch.onnx's optimize=True runs, except that FP8 block scales are not folded into their
+    # per-row form: the file keeps the checkpoint's bytes, and the engine builder folds it.
+    keep = _scale_expansions(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnxscript.optimizer.optimize_ir(model, should_fold=lambda node: False if node in keep else None)
+        onnxscript.rewriter.onnx_fusions.fuse(model)
+    return model, settings
+
+
+def _scale_expansions(model) -> set:
+    """Nodes between a ``*_scale_inv`` initializer and the DequantizeLinear that consumes it."""
+    found: set = set()
+    frontier = [v for name, v in model.graph.initializers.items() if name.endswith("_scale_inv")]
+    while frontier:
+        value = frontier.pop()
+        for node, _index in value.uses():
+            if node.op_type == "DequantizeLinear" or node in found:
+                continue
+            found.add(node)
+            frontier.extend(node.outputs)
+    return found
+
+
+def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelProto:
+    """Trace ``source`` and return the finished, checked ONNX model, weights included (models under
+    2 GB; larger ones are written by :func:`export_to_file`, which streams their weights)."""
+    import onnx_ir as ir
+
+    from dsa_export.export.external import initializer_bytes as ir_bytes
+    from dsa_export.export.external import materialize_all
+
+    ir_model, settings = _trace(source, settings)
+    if ir_bytes(ir_model) >= EXTERNAL_DATA_BYTES:
+        raise DSAUserError(f"{source.spec} has over 2 GB of weights, which one ONNX message cannot hold; export "
+                           "it to a file (dsa-export export -o FILE), which writes them as external data.")
+    materialize_all(ir_model)
+    model = _finish(ir.serde.serialize_model(ir_model), source, settings, folder=None)
+    _check(model)
+    return model
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_to_file` wrote."""
+
+    path: Path
+    settings: ExportSettings
+    dsa_nodes: int
+    #: Bytes of weights in ``<name>.data`` (0 when the weights are inside the .onnx file).
+    external_bytes: int
+    #: Bytes of all initializers.
+    weight_bytes: int
+    #: sha256 of ``<name>.data`` (computed while writing; None without external data).
+    data_sha256: str | None = None
+
+
+def export_to_file(source: ModelSource, settings: ExportSettings, path: str | os.PathLike[str], *,
+                   progress=None, external_data_bytes: int | None = None) -> ExportResult:
+    """Trace ``source`` and write it to ``path`` atomically, weights streamed from their sources.
+
+    Weights over ``external_data_bytes`` (default :data:`STREAM_EXTERNAL_BYTES`) go to
+    ``<name>.data`` beside the file, one tensor block at a time: peak memory is about one layer's
+    graph plus one block, never the model. ``progress(name, nbytes)`` is called per written tensor.
+    """
+    import shutil
+    import tempfile
+
+    import onnx_ir as ir
+
+    from dsa_export.export.external import initializer_bytes as ir_bytes
+    from dsa_export.export.external import materialize_all, write_external_data
+    from dsa_export.fileio import atomic_output
+
+    path = Path(path)
+    limit = STREAM_EXTERNAL_BYTES if external_data_bytes is None else external_data_bytes
+    ir_model, settings = _trace(source, settings)
+    total = ir_bytes(ir_model)
+    if total < limit:
+        materialize_all(ir_model)
+        model = _finish(ir.serde.serialize_model(ir_model), source, settings, folder=path.parent.resolve())
+        _check(model)
+        with atomic_output(path) as tmp:
+            onnx.save_model(model, tmp)
+        return ExportResult(path, settings, _count_dsa(model), 0, total)
+    # Two files: write both under their final names in a hidden sibling folder, check them there,
+    # then move the data first and the model last, so a reader never sees a model without its data.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        data_name = path.name + ".data"
+        written, digest = write_external_data(ir_model, staging / data_name, location=data_name, progress=progress)
+        model = _finish(ir.serde.serialize_model(ir_model), source, settings, folder=path.parent.resolve())
+        del ir_model
+        onnx.save_model(model, staging / path.name)
+        _check(str(staging / path.name))
+        os.replace(staging / data_name, path.parent / data_name)
+        os.replace(staging / path.name, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(path, settings, _count_dsa(model), written, total, digest)
+
+
+def _count_dsa(model: onnx.ModelProto) -> int:
+    return sum(1 for n in model.graph.node if n.domain == DOMAIN)
 
 
 #: Past this many weight bytes a model is saved with external data (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 2**31 - 2**27
+#: :func:`export_to_file` streams weights into external data past this many bytes: a one-file model
+#: is built in memory (weights, then protobuf's copy, then its serialization), an external-data one
+#: never holds more than a tensor block.
+STREAM_EXTERNAL_BYTES = 256 << 20
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:
@@ -259,6 +402,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
     from dsa_export.fileio import atomic_output
 
     path = Path(path)
+    _relocate_reference(model, path.parent.resolve())
     if initializer_bytes(model) < external_data_bytes:
         with atomic_output(path) as tmp:
             onnx.save_model(model, tmp)

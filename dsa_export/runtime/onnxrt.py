@@ -19,11 +19,14 @@ def session(
     providers: tuple[str, ...] = ("CPUExecutionProvider",),
     threads: int | None = None,
     memory_arena: bool = True,
+    model_bytes: bytes | None = None,
 ):
     """An ``onnxruntime.InferenceSession`` for ``path`` with a clear error if ORT rejects it.
 
     ``memory_arena=False`` makes every run allocate from and free to the system, so that the
-    memory a run needs can be measured from outside (the benchmark does this).
+    memory a run needs can be measured from outside (the benchmark does this). ``model_bytes``
+    runs a modified copy of the graph at ``path`` (e.g. with extra outputs) whose external data
+    is still read from beside ``path``: nothing is written next to the user's file.
     """
     import onnxruntime as ort
 
@@ -32,18 +35,23 @@ def session(
     if threads:
         options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = memory_arena
+    target: str | bytes = str(path)
+    if model_bytes is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         str(Path(path).resolve().parent))
+        target = model_bytes
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+        return ort.InferenceSession(target, sess_options=options, providers=list(providers))
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DSAUserError(f"ONNX Runtime cannot load '{path}': {first}") from exc
 
 
-def polygraphy_runner(path: str | Path, name: str = "onnxruntime"):
-    """A Polygraphy ``OnnxrtRunner`` over our session factory."""
+def polygraphy_runner(path: str | Path, name: str = "onnxruntime", model_bytes: bytes | None = None):
+    """A Polygraphy ``OnnxrtRunner`` over our session factory (``model_bytes``: see :func:`session`)."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    return OnnxrtRunner(lambda: session(path), name=name)
+    return OnnxrtRunner(lambda: session(path, model_bytes=model_bytes), name=name)
 
 
 

@@ -41,7 +41,8 @@ class TorchRunner(BaseRunner):
     def infer_impl(self, feed_dict):
         import torch
 
-        param = next(self.module.parameters(), None)
+        # Modules loaded for a few layers keep the rest of the model on the meta device.
+        param = next((p for p in self.module.parameters() if p.device.type != "meta"), None)
         device = param.device if param is not None else torch.device("cpu")
         float_dtype = param.dtype if param is not None else torch.float32
         kwargs = {}

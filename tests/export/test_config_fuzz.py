@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from dsa_export.export import ExportSettings, export_model
 from dsa_export.nn import DSACausalLM, DSAModelConfig, example_inputs
 from dsa_export.runtime.onnxrt import session
+from dsa_export.model_ref import ModelReference
 from dsa_export.sources import ModelSource
 
 
@@ -45,7 +46,8 @@ def configs(draw):
 @given(cfg=configs(), seq_len=st.integers(2, 70), mode=st.sampled_from(["plugin", "native"]))
 def test_random_configs_export_and_match(tmp_path_factory, cfg, seq_len, mode):
     module = DSACausalLM(cfg).init_weights(cfg.seed).eval()
-    source = ModelSource(spec="fuzz", module=module, example_inputs=example_inputs(cfg, 2, 24), config=cfg.to_dict())
+    source = ModelSource(reference=ModelReference("module", name="fuzz"), module=module,
+                         example_inputs=example_inputs(cfg, 2, 24), config=cfg.to_dict())
     path = tmp_path_factory.mktemp("fuzz") / "m.onnx"
     path.write_bytes(export_model(source, ExportSettings(ops=mode)).SerializeToString())
     inputs = example_inputs(cfg, 2, seq_len, seed=3)
