@@ -1,8 +1,9 @@
-"""Load a local Hugging Face DeepSeek-V3.2 (``deepseek_v32``) or GLM-5 (``glm_moe_dsa``) directory.
+"""Inspect a local Hugging Face DeepSeek-V3.2 (``deepseek_v32``) or GLM-5 (``glm_moe_dsa``) directory.
 
 Weights are read from safetensors only; pickled checkpoints (.bin/.pt) are refused because
-unpickling executes code. Checkpoints stored in FP8 with block scales (as DeepSeek publishes them)
-are dequantized on load by transformers' fine-grained FP8 support when the user asks for it.
+unpickling executes code. Exports and references never load a whole model (they stream, see
+:mod:`dsa_export.hf.weights`); :func:`load_model` is transformers' own ``from_pretrained`` of the
+whole checkpoint, kept as an independent oracle for tests of small checkpoints.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
 
 
 def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "float32"):
-    """The transformers ``*ForCausalLM`` of ``path`` in eval mode, with eager attention."""
+    """The transformers ``*ForCausalLM`` of ``path`` in eval mode, with eager attention, loaded whole by
+    ``from_pretrained`` (small checkpoints only; FP8 ones need ``dequantize_fp8``)."""
     transformers = require("transformers", "Exporting Hugging Face checkpoints", HF_INSTALL)
     import torch
 
@@ -71,7 +73,7 @@ def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "
     if ckpt.fp8:
         if not dequantize_fp8:
             raise DSAUserError(
-                f"'{path}' stores FP8 weights with block scales; pass --dequantize-fp8 to dequantize them on load."
+                f"'{path}' stores FP8 weights with block scales; load_model needs dequantize_fp8=True for them."
             )
         quant = ckpt.config["quantization_config"]
         kwargs["quantization_config"] = transformers.FineGrainedFP8Config(

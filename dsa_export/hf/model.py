@@ -15,6 +15,12 @@ Three graph shapes:
   dynamic past length P (0 for the first step);
 * a layer slice ``A:B``: ``hidden_states [B,S,hidden], attention_mask`` (+ ``prev_topk_indices``
   when layer A reuses an earlier layer's selection) ``-> hidden_states`` (+ ``topk_indices``).
+  A pipeline stage is a slice that also embeds (``embed``: ``input_ids`` in, the first stage)
+  and/or applies the final norm and ``lm_head`` (``head``: ``logits`` out, the last stage).
+
+The transformers model may live on the meta device (weights streamed into the ONNX file by the
+exporter, see :mod:`dsa_export.hf.weights`); only the modules of layers A..B (plus embedding and
+head where the graph has them) are traced.
 
 Padding follows transformers' attention_mask convention with right padding: key ``t`` of row
 ``b`` is valid when ``t < attention_mask[b].sum()``. Left-padded or ragged decode batches are not
@@ -26,11 +32,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dsa_export.hf.weights import FP8Linear, linear_weight
 from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
 
 
+def route_experts(hf_model) -> None:
+    """Route the MoE blocks through our routed-experts op when it is available, else through
+    transformers' ``batched_mm`` experts (the default ``grouped_mm`` has no ONNX translation)."""
+    try:
+        from dsa_export.nn.moe import replace_moe_blocks
+    except ImportError:
+        replace_moe_blocks = None
+    if replace_moe_blocks is not None:
+        replace_moe_blocks(hf_model)
+    elif hasattr(hf_model, "set_experts_implementation"):
+        hf_model.set_experts_implementation("batched_mm")
+
+
 class DSAExportModel(nn.Module):
-    def __init__(self, hf_model, *, graph: str = "prefill", layers: tuple[int, int] | None = None):
+    def __init__(self, hf_model, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
+                 embed: bool | None = None, head: bool | None = None):
         super().__init__()
         cfg = hf_model.config
         self.hf = hf_model
@@ -40,7 +61,15 @@ class DSAExportModel(nn.Module):
         self.start, self.stop = layers if layers is not None else (0, n)
         if not 0 <= self.start < self.stop <= n:
             raise ValueError(f"layer slice {self.start}:{self.stop} is outside 0:{n}")
-        self.is_slice = layers is not None and (self.start, self.stop) != (0, n)
+        whole = (self.start, self.stop) == (0, n)
+        # A plain --layers slice takes and returns hidden states; a pipeline stage embeds when it is
+        # first and applies the head when it is last.
+        self.embed = whole if embed is None else embed
+        self.head = whole if head is None else head
+        if (self.embed and self.start != 0) or (self.head and self.stop != n):
+            raise ValueError("only a slice starting at layer 0 can embed and only one ending at the last layer "
+                             "can apply the head")
+        self.is_slice = not (self.embed and self.head)
         self.indexer_types = list(getattr(cfg, "indexer_types", None) or ["full"] * n)
         # GLM-5 applies interleaved RoPE in its indexer, DeepSeek-V3.2 the half-split layout; a config
         # may say so explicitly.
@@ -55,10 +84,8 @@ class DSAExportModel(nn.Module):
         self.apply_rope, self.apply_rope_interleave = apply_rotary_pos_emb, apply_rotary_pos_emb_interleave
         self.needs_prev_indices = self.indexer_types[self.start] == "shared"
         # A slice hands its last selection on when the next layer reuses it.
-        self.emits_indices = self.is_slice and self.stop < n and self.indexer_types[self.stop] == "shared"
-        if hasattr(hf_model, "set_experts_implementation"):
-            # The default grouped_mm experts have no ONNX translation; batched_mm exports.
-            hf_model.set_experts_implementation("batched_mm")
+        self.emits_indices = self.stop < n and self.indexer_types[self.stop] == "shared"
+        route_experts(hf_model)
 
     # -- naming helpers used by the exporter and the runtimes --------------------------------------
     @property
@@ -66,8 +93,8 @@ class DSAExportModel(nn.Module):
         return list(range(self.start, self.stop))
 
     def input_names(self) -> list[str]:
-        names = ["hidden_states" if self.is_slice else "input_ids", "attention_mask"]
-        if self.is_slice and self.needs_prev_indices:
+        names = ["input_ids" if self.embed else "hidden_states", "attention_mask"]
+        if self.needs_prev_indices:
             names.append("prev_topk_indices")
         if self.graph == "decode":
             for i in self.layer_ids:
@@ -77,7 +104,7 @@ class DSAExportModel(nn.Module):
         return names
 
     def output_names(self) -> list[str]:
-        names = ["hidden_states_out" if self.is_slice else "logits"]
+        names = ["logits" if self.head else "hidden_states_out"]
         if self.emits_indices:
             names.append("topk_indices")
         if self.graph == "decode":
@@ -101,7 +128,9 @@ class DSAExportModel(nn.Module):
         q = torch.cat([q_rot, q_pass], dim=-1)
         k_new = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)  # [B,S,D]
         keys = k_new if past_keys is None else torch.cat([past_keys, k_new], dim=1)
-        w = indexer.weights_proj(x.to(indexer.weights_proj.weight.dtype)).float() * indexer.n_heads**-0.5
+        # transformers keeps weights_proj in float32 and computes the head weights there.
+        wp_dtype = torch.float32 if isinstance(indexer.weights_proj, FP8Linear) else indexer.weights_proj.weight.dtype
+        w = indexer.weights_proj(x.to(wp_dtype)).float() * indexer.n_heads**-0.5
         indices = dsa_indexer_topk(q, keys, w, lengths, topk=indexer.index_topk, scale=indexer.softmax_scale)
         return indices, k_new
 
@@ -125,7 +154,7 @@ class DSAExportModel(nn.Module):
             indices = prev_indices
 
         # Absorb W_UK into the queries and W_UV into the output (DeepSeek's MQA serving form).
-        w_kv = attn.kv_b_proj.weight.view(h, nope + v_dim, c)
+        w_kv = linear_weight(attn.kv_b_proj).to(x.dtype).view(h, nope + v_dim, c)
         w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]
         q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B,S,H,C]
         q_full = torch.cat([q_lat, q_rot], dim=-1)
@@ -139,7 +168,7 @@ class DSAExportModel(nn.Module):
             raise TypeError(f"expected inputs {names}, got {len(args)} tensors")
         feed = dict(zip(names, args))
         model = self.hf.model
-        x = feed["hidden_states"] if self.is_slice else model.embed_tokens(feed["input_ids"])
+        x = model.embed_tokens(feed["input_ids"]) if self.embed else feed["hidden_states"]
         b, s = x.shape[:2]
         mask = feed["attention_mask"]
         lengths = mask.sum(-1).to(torch.int32)  # valid keys per row (right padding)
@@ -163,7 +192,7 @@ class DSAExportModel(nn.Module):
                 if index_keys is not None:  # shared layers keep no indexer cache of their own
                     past_keys = feed.get(f"past_index_keys_{i}")
                     presents.append(index_keys if past_keys is None else torch.cat([past_keys, index_keys], dim=1))
-        outputs = [x if self.is_slice else self.hf.lm_head(model.norm(x))]
+        outputs = [self.hf.lm_head(model.norm(x)) if self.head else x]
         if self.emits_indices:
             outputs.append(prev)
         return tuple(outputs + presents)

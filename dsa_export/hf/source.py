@@ -1,31 +1,28 @@
-"""Hugging Face directories as MODEL sources: ``path`` plus graph options encoded in the spec.
+"""Hugging Face directories as MODEL sources, streamed: no weights are loaded to export.
 
-The spec stored in an exported file's metadata is ``hf:<absolute dir>#graph=<g>,layers=<A:B>,fp8=<0|1>``
-so ``validate`` can rebuild exactly the graph that was exported.
+:func:`hf_reference` turns a checkpoint directory plus graph options into a
+:class:`~dsa_export.model_ref.ModelReference` (config and weights hashes included);
+:func:`hf_source` builds the export module for it on the meta device, in the export's precision,
+and hands the exporter one streaming source per weight (:mod:`dsa_export.hf.weights`). References
+for validation are loaded the same way, for the graph's layers only.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dsa_export.errors import DSAUserError
+from dsa_export.model_ref import ModelReference
 from dsa_export.sources import ModelSource
 
 GRAPHS = ("prefill", "decode")
 #: Past length of the traced decode example (any length >= 0 works at run time).
 EXAMPLE_PAST = 3
-
-
-def format_spec(path: str | Path, graph: str = "prefill", layers: tuple[int, int] | None = None,
-                dequantize_fp8: bool = False) -> str:
-    opts = [f"graph={graph}"]
-    if layers is not None:
-        opts.append(f"layers={layers[0]}:{layers[1]}")
-    if dequantize_fp8:
-        opts.append("fp8=1")
-    return f"hf:{Path(path).resolve()}#{','.join(opts)}"
+_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def parse_layers(text: str, num_layers: int) -> tuple[int, int]:
@@ -40,41 +37,128 @@ def parse_layers(text: str, num_layers: int) -> tuple[int, int]:
     return a, b
 
 
-def parse_spec(spec: str) -> tuple[Path, str, tuple[int, int] | None, bool]:
-    body = spec[3:] if spec.startswith("hf:") else spec
-    path_text, _, opt_text = body.partition("#")
-    opts = dict(item.split("=", 1) for item in opt_text.split(",") if "=" in item)
-    layers = None
-    if "layers" in opts:
-        a, b = opts["layers"].split(":")
-        layers = (int(a), int(b))
-    return Path(path_text), opts.get("graph", "prefill"), layers, opts.get("fp8") == "1"
+def checkpoint_dtype(config: dict) -> str:
+    """The export dtype matching the checkpoint's own (``torch_dtype`` / ``dtype`` in config.json)."""
+    stored = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return _CONFIG_DTYPES.get(str(stored).replace("torch.", ""), "fp32")
 
 
-def hf_source(spec: str, *, batch: int = 2, seq_len: int = 16, seed: int = 0) -> ModelSource:
-    """Load the checkpoint and wrap it for export; the reference is a separate transformers copy."""
-    from dsa_export.hf.loader import load_model
-    from dsa_export.hf.model import DSAExportModel
+def hf_reference(path: str | Path, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
+                 embed: bool | None = None, head: bool | None = None, dequantize_fp8: bool = False) -> ModelReference:
+    """The typed record of a checkpoint directory and the graph to cut from it."""
+    from dsa_export.fileio import sha256_file
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+    from dsa_export.hf.loader import inspect_checkpoint
 
-    path, graph, layers, fp8 = parse_spec(spec)
     if graph not in GRAPHS:
         raise DSAUserError(f"graph '{graph}' is unknown; use one of {', '.join(GRAPHS)}.")
-    model, ckpt = load_model(path, dequantize_fp8=fp8)
+    ckpt = inspect_checkpoint(path)
     if layers is not None:
         layers = parse_layers(f"{layers[0]}:{layers[1]}", ckpt.num_layers)
-    wrapper = DSAExportModel(model, graph=graph, layers=layers)
+        if layers == (0, ckpt.num_layers) and embed is None and head is None:
+            embed = head = False  # an explicit 0:N slice still takes and returns hidden states
+    fp8 = ("dequantize" if dequantize_fp8 else "keep") if ckpt.fp8 else ""
+    if dequantize_fp8 and not ckpt.fp8:
+        raise DSAUserError(f"'{path}' stores no FP8 weights; drop --dequantize-fp8.")
+    return ModelReference(
+        "hf", path=str(Path(path).resolve()), sha256=sha256_file(Path(path) / "config.json"),
+        weights_sha256=SafetensorsCheckpoint(path).fingerprint(), graph=graph, layers=layers, embed=embed, head=head,
+        fp8=fp8,
+    )
+
+
+def check_reference(reference: ModelReference) -> None:
+    """Refuse a checkpoint whose config or weights differ from the ones a file was exported from."""
+    from dsa_export.fileio import sha256_file
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+
+    path = Path(reference.path)
+    if not (path / "config.json").is_file():
+        raise DSAUserError(f"the checkpoint '{path}' recorded in the file is not there; pass its directory with "
+                           "--reference DIR.")
+    if reference.sha256 and sha256_file(path / "config.json") != reference.sha256:
+        raise DSAUserError(f"'{path / 'config.json'}' changed since the export; re-export, or pass the original "
+                           "checkpoint with --reference DIR.")
+    if reference.weights_sha256 and SafetensorsCheckpoint(path).fingerprint() != reference.weights_sha256:
+        raise DSAUserError(f"the safetensors in '{path}' changed since the export; re-export, or pass the original "
+                           "checkpoint with --reference DIR.")
+
+
+class CheckpointWeights:
+    """``{initializer name: source}`` of an export module, computed on first lookup.
+
+    Names are the exporter's (``hf.<parameter name>``); a name outside the transformers model is
+    not here and the exporter reports it.
+    """
+
+    def __init__(self, model, checkpoint, block_size: int):
+        self.model, self.checkpoint, self.block_size = model, checkpoint, block_size
+        self._cache: dict[str, Any] = {}
+
+    def _name(self, key: str) -> str | None:
+        return key[3:] if key.startswith("hf.") else None
+
+    def __contains__(self, key: str) -> bool:
+        name = self._name(key)
+        if name is None or name.endswith("inv_freq"):
+            return False
+        try:
+            self.model.get_parameter(name)
+            return True
+        except AttributeError:
+            try:
+                self.model.get_buffer(name)
+                return True
+            except AttributeError:
+                return False
+
+    def __getitem__(self, key: str):
+        from dsa_export.hf.weights import RecipeSource, weight_recipes
+
+        if key not in self._cache:
+            if key not in self:
+                raise KeyError(key)
+            name = self._name(key)
+            recipe = weight_recipes(self.model, self.checkpoint, [name], self.block_size)[name]
+            self._cache[key] = RecipeSource(self.checkpoint, recipe, name)
+        return self._cache[key]
+
+
+def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, seed: int = 0,
+              dtype: str | None = None) -> ModelSource:
+    """The export module of ``reference`` on the meta device, with streaming weight sources."""
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+    from dsa_export.hf.loader import inspect_checkpoint
+    from dsa_export.hf.model import DSAExportModel
+    from dsa_export.hf.weights import build_meta_model, checkpoint_block_size
+
+    check_reference(reference)
+    path = Path(reference.path)
+    ckpt = inspect_checkpoint(path)
+    checkpoint = SafetensorsCheckpoint(path)
+    dtype = dtype or checkpoint_dtype(ckpt.config)
+    if dtype not in _TORCH_DTYPES:
+        raise DSAUserError(f"dtype '{dtype}' is unknown; use one of {', '.join(_TORCH_DTYPES)}.")
+    fp8_mode = reference.fp8 or "dequantize"
+    model = build_meta_model(ckpt.config, checkpoint, dtype=_TORCH_DTYPES[dtype], fp8=fp8_mode)
+    wrapper = DSAExportModel(model, graph=reference.graph, layers=reference.layers, embed=reference.embed,
+                             head=reference.head)
     cfg = model.config
+    block = checkpoint_block_size(ckpt.config)
+    graph = reference.graph
 
     def make_inputs(b: int, s: int, seed: int, past: int = EXAMPLE_PAST) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)
         feed: dict[str, torch.Tensor] = {}
         p = past if graph == "decode" else 0
-        if wrapper.is_slice:
-            feed["hidden_states"] = torch.randn(b, s, cfg.hidden_size, generator=gen)
-        else:
+        if wrapper.embed:
             feed["input_ids"] = torch.randint(0, cfg.vocab_size, (b, s), generator=gen)
+        else:
+            # Hidden states of the scale the embedding produces (transformers initializes it with
+            # std initializer_range; real checkpoints are of that order too).
+            feed["hidden_states"] = torch.randn(b, s, cfg.hidden_size, generator=gen)
         feed["attention_mask"] = torch.ones(b, p + s, dtype=torch.int64)
-        if wrapper.is_slice and wrapper.needs_prev_indices:
+        if wrapper.needs_prev_indices:
             # A valid causal selection: each query's most recent index_topk positions.
             pos = torch.arange(s)[:, None] - torch.arange(cfg.index_topk)[None, :]
             feed["prev_topk_indices"] = torch.where(pos >= 0, pos, -1).to(torch.int32).expand(b, -1, -1).contiguous()
@@ -93,29 +177,49 @@ def hf_source(spec: str, *, batch: int = 2, seq_len: int = 16, seed: int = 0) ->
             axes[name] = {0: "batch", 1: "total_sequence"}
         else:
             axes[name] = {0: "batch", 1: "sequence"}
+
+    def load_transformers():
+        from dsa_export.hf.reference import load_reference
+
+        return load_reference(path, ckpt.config, wrapper.start, wrapper.stop, embed=wrapper.embed, head=wrapper.head,
+                              emits_indices=wrapper.emits_indices)
+
+    def load_module():
+        """Our export module with real float32 weights (the reference of decode graphs)."""
+        from dsa_export.hf.reference import module_names
+        from dsa_export.hf.weights import materialize
+
+        real = build_meta_model(ckpt.config, checkpoint, dtype=torch.float32, fp8="dequantize")
+        materialize(real, module_names(wrapper.start, wrapper.stop, embed=wrapper.embed, head=wrapper.head),
+                    checkpoint, block)
+        return DSAExportModel(real, graph=graph, layers=reference.layers, embed=reference.embed,
+                              head=reference.head).eval()
+
     return ModelSource(
-        spec=format_spec(path, graph, layers, fp8),
+        reference=reference,
         module=wrapper,
         example_inputs=make_inputs(batch, seq_len, seed),
         output_names=wrapper.output_names(),
         config=cfg.to_dict(),
         input_names=wrapper.input_names(),
         dynamic_axes=axes,
-        # transformers eager (a separate copy with its default experts implementation, loaded only
-        # when validation asks) is the reference for whole-model prefill graphs; decode steps and
-        # layer slices are compared with our torch module (itself checked against transformers).
-        reference_loader=None if (graph != "prefill" or wrapper.is_slice)
-        else lambda: TransformersLogits(load_model(path, dequantize_fp8=fp8)[0]),
+        # transformers (only the graph's layers, loaded streamed) is the reference of prefill
+        # graphs, whole or sliced; a decode step is compared with our module (itself tested
+        # against transformers' generate).
+        reference_loader=load_transformers if graph == "prefill" else None,
         make_inputs=make_inputs,
+        weights=CheckpointWeights(wrapper.hf, checkpoint, block),
+        cast=False,
+        dtype=dtype,
+        min_opset=_fp8_opset(model),
+        module_loader=load_module,
     )
 
 
-class TransformersLogits(torch.nn.Module):
-    """transformers ``*ForCausalLM`` called positionally, returning logits only."""
+def _fp8_opset(model) -> int | None:
+    """Opset 21 when any weight stays FP8 (blocked DequantizeLinear and the FP8 experts body)."""
+    import torch
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
+    from dsa_export.ops.quant import FP8_MIN_OPSET
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    return FP8_MIN_OPSET if any(p.dtype == torch.float8_e4m3fn for p in model.parameters()) else None

@@ -1,9 +1,17 @@
 """Compare an exported ONNX file with the torch model it came from.
 
 Polygraphy's ``Comparator`` runs our :class:`TorchRunner` and an ONNX Runtime runner on the same
-inputs (one batch per sequence length) and judges each output with ``CompareFunc.simple``
+inputs (one batch per sequence length) and judges each output with ``SimpleCompareFunc``
 (``|a - b| <= atol + rtol * |b|`` elementwise); we add a per-output table of max / median
 absolute and max relative error for the report.
+
+For Hugging Face checkpoints the reference is transformers running the graph's layers (loaded
+streamed, :mod:`dsa_export.hf.reference`), and every indexer's selection is compared too
+(:mod:`dsa_export.validate.selections`): a query whose keys differ from transformers' only by
+near-ties at the k-th place is a near-tie flip, counted and shown, and its positions are left out
+of the strict elementwise comparison; any other difference fails. The ONNX Runtime side exposes
+the DSAIndexerTopK outputs through a modified copy of the graph held in memory, which reads the
+original external data, so files of any size work and nothing is written beside them.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import numpy as np
 import onnx
 
 from dsa_export.errors import DSAUserError
-from dsa_export.export.exporter import META_CONFIG, META_FILE_SHA, META_SETTINGS, META_SPEC
+from dsa_export.export.exporter import META_CONFIG, META_SETTINGS, META_SPEC
 from dsa_export.runtime.onnxrt import polygraphy_runner
+from dsa_export.validate.selections import LayerSelections, compare_selections
 from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
 
 log = logging.getLogger(__name__)
@@ -28,6 +37,9 @@ log = logging.getLogger(__name__)
 #: in an indexer score can swap which key is selected near the k-th place, which moves single
 #: logits by O(0.1) while the bulk stays close, so low precision is judged on the median error.
 DEFAULT_TOLERANCES = {"fp32": (1e-4, 1e-4, "elemwise"), "fp16": (1e-2, 1e-2, "median"), "bf16": (5e-2, 5e-2, "median")}
+#: Default near-tie tolerance of the indexer scores per exported dtype, relative to the row's
+#: largest score: float32 scores of the same math differ by ~1e-6 relative between runtimes.
+DEFAULT_TIE_RTOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 2e-2}
 ERROR_STATS = ("elemwise", "max", "mean", "median")
 
 
@@ -55,6 +67,8 @@ class ValidationSettings:
     seed: int = 1
     #: Minimum mean top-k overlap per layer with transformers' indexers (Hugging Face references).
     min_topk_overlap: float = 0.99
+    #: Near-tie tolerance of index scores relative to the row's largest score; None: per dtype.
+    tie_rtol: float | None = None
 
 
 @dataclass
@@ -65,6 +79,9 @@ class OutputError:
     median_abs: float
     max_rel: float
     passed: bool
+    #: positions (batch, query) left out of the comparison as near-tie flips
+    excluded_positions: int = 0
+    cosine: float | None = None
 
 
 @dataclass
@@ -80,7 +97,18 @@ class ValidationReport:
     #: {seq_len: {layer: overlap}} of top-k selections against transformers' indexers (HF models).
     topk_overlap: dict[int, dict[int, float]] = field(default_factory=dict)
     min_topk_overlap: float | None = None
+    #: {seq_len: [per-layer classification of the selections]} (HF models).
+    selections: dict[int, list[LayerSelections]] = field(default_factory=dict)
+    tie_rtol: float | None = None
     passed: bool = False
+
+    @property
+    def near_tie_flips(self) -> int:
+        return sum(layer.near_tie_rows for layers in self.selections.values() for layer in layers)
+
+    @property
+    def unexplained_selections(self) -> int:
+        return sum(layer.unexplained_rows for layers in self.selections.values() for layer in layers)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -92,38 +120,84 @@ class ValidationReport:
             f"{'PASS' if e.passed else 'FAIL'}"
             for e in self.errors
         ]
-        for seq_len, layers in self.topk_overlap.items():
-            cells = ", ".join(f"L{layer}: {value:.4f}" for layer, value in layers.items())
-            rows.append(f"{seq_len:>7}  top-k overlap with transformers ({cells})")
+        for e in self.errors:
+            if e.excluded_positions:
+                rows.append(f"{e.seq_len:>7}  {e.output}: {e.excluded_positions} position(s) left out as near-tie flips")
+        for seq_len, layers in self.selections.items():
+            for layer in layers:
+                rows.append(
+                    f"{seq_len:>7}  L{layer.layer} top-k vs transformers: overlap {layer.overlap:.4f}, "
+                    f"{layer.near_tie_rows} near-tie flip(s) (max gap {layer.max_near_tie_gap:.1e} of the row's "
+                    f"largest score), {layer.propagated_rows} propagated, {layer.unexplained_rows} unexplained"
+                    + "".join(f"; e.g. batch {b} query {q}: ours {o} vs theirs {t}" for b, q, o, t in layer.examples[:1]))
         verdict = "PASSED" if self.passed else "FAILED"
         return "\n".join([header, *rows, f"{verdict}: {self.runners[1]} vs {self.runners[0]} "
                           f"({self.error_stat} error within atol={self.atol:g}/rtol={self.rtol:g}, {self.dtype} file, "
                           "fp32 reference)"])
 
 
-def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: Path):
+def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: Path, dtype: str):
+    from dataclasses import replace
+
+    from dsa_export.model_ref import from_metadata
     from dsa_export.sources import resolve
 
-    spec = settings.reference or meta.get(META_SPEC)
-    recorded = meta.get(META_SPEC, "")
-    if settings.reference and recorded.startswith("hf:") and Path(settings.reference).is_dir():
+    recorded = from_metadata(meta.get(META_SPEC), path.resolve().parent)
+    reference = settings.reference or recorded
+    if settings.reference and recorded is not None and recorded.kind == "hf" and Path(settings.reference).is_dir():
         # A checkpoint directory given by hand: rebuild the graph the file was exported as.
-        from dsa_export.hf.source import format_spec, parse_spec
-
-        _, graph, layers, fp8 = parse_spec(recorded)
-        spec = format_spec(settings.reference, graph, layers, fp8)
-    if not spec:
+        reference = replace(recorded, path=str(Path(settings.reference).resolve()), relative=False)
+    if not reference:
         raise DSAUserError(f"'{path}' records no reference model; pass one with --reference MODEL.")
-    source = resolve(spec, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed)
+    source = resolve(reference, batch=settings.batch, seq_len=max(2, settings.seq_lens[0]), seed=settings.seed,
+                     dtype=dtype if recorded is not None and recorded.kind == "hf" else None)
     if settings.reference is None and META_CONFIG in meta and source.config is not None:
         if json.loads(meta[META_CONFIG]) != json.loads(json.dumps(source.config, sort_keys=True, default=str)):
             raise DSAUserError(
-                f"the reference '{spec}' no longer matches the config recorded in '{path}'; "
+                f"the reference '{source.spec}' no longer matches the config recorded in '{path}'; "
                 "re-export the model or pass --reference."
             )
-    if META_FILE_SHA in meta and source.file_sha256 and meta[META_FILE_SHA] != source.file_sha256:
-        log.warning("the reference file %s changed since export; comparing against its current code", spec)
+    if (recorded is not None and recorded.kind == "factory" and recorded.sha256 and source.file_sha256
+            and recorded.sha256 != source.file_sha256):
+        log.warning("the reference file %s changed since export; comparing against its current code", source.spec)
     return source
+
+
+class _RecordingReference:
+    """A transformers reference whose indexer selections are kept per call (for the comparison)."""
+
+    def __init__(self, layers):
+        import torch
+
+        self.layers = layers
+        self.records: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
+        self._torch = torch
+
+    def eval(self):
+        return self
+
+    def parameters(self):
+        return self.layers.parameters()
+
+    def __call__(self, *args):
+        outputs, captured = self.layers.run_with_selections(*args)
+        self.records.append({i: (idx.numpy(), sc.numpy()) for i, (idx, sc) in captured.items()})
+        return outputs
+
+
+def with_indexer_outputs(model) -> tuple[bytes, list[str]]:
+    """A copy of ``model`` (a ModelProto without external data loaded) whose every DSAIndexerTopK
+    output is also a graph output, serialized; and those names in graph (= layer) order."""
+    import copy
+
+    model = copy.deepcopy(model)
+    infos = {v.name: v for v in model.graph.value_info}
+    names = [n.output[0] for n in model.graph.node if n.domain == "dsa" and n.op_type == "DSAIndexerTopK"]
+    existing = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in existing:
+            model.graph.output.append(infos[name])
+    return model.SerializeToString(), names
 
 
 def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
@@ -142,25 +216,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     atol = default_atol if settings.atol is None else settings.atol
     rtol = default_rtol if settings.rtol is None else settings.rtol
     error_stat = settings.error_stat or default_stat
+    tie_rtol = DEFAULT_TIE_RTOL.get(dtype, 1e-4) if settings.tie_rtol is None else settings.tie_rtol
     if error_stat not in ERROR_STATS:
         raise DSAUserError(f"error statistic '{error_stat}' is unknown; use one of {', '.join(ERROR_STATS)}.")
-
-    source = _reference_source(meta, settings, path)
-    source.module.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
-    output_names = [o.name for o in model.graph.output]
-    onnx_inputs = [i.name for i in model.graph.input]
-    feeds = []
-    for seq_len in settings.seq_lens:
-        inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
-        missing = sorted(set(onnx_inputs) - set(inputs))
-        if missing:
-            raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
-        feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
-
-    reference = source.reference_module or source.module
-    reference_name = "transformers" if source.reference_module is not None else "torch"
-    torch_runner = TorchRunner(reference, metadata_from_onnx(model), output_names, name=reference_name,
-                               input_order=source.input_names)
     if dtype == "bf16":
         import onnxruntime
 
@@ -169,44 +227,108 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 "ONNX Runtime's CPU provider has no bf16 kernels, so a bf16 file cannot be validated here; "
                 "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
             )
-    ort_runner = polygraphy_runner(path, name="onnxruntime")
+
+    source = _reference_source(meta, settings, path, dtype)
+    output_names = [o.name for o in model.graph.output]
+    onnx_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    feeds = []
+    for seq_len in settings.seq_lens:
+        inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
+        missing = sorted(set(onnx_inputs) - set(inputs))
+        if missing:
+            raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
+        feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
+
+    transformers_reference = source.reference_module
+    select = transformers_reference is not None and hasattr(transformers_reference, "run_with_selections")
+    if transformers_reference is not None:
+        reference, reference_name = transformers_reference, "transformers"
+    else:
+        reference, reference_name = source.runnable_module, "torch"
+        reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
+    recorder = _RecordingReference(reference) if select else None
+    torch_runner = TorchRunner(recorder or reference, metadata_from_onnx(model), output_names, name=reference_name,
+                               input_order=source.input_names)
+    index_names: list[str] = []
+    model_bytes = None
+    if select:
+        model_bytes, index_names = with_indexer_outputs(model)
+    ort_runner = polygraphy_runner(path, name="onnxruntime", model_bytes=model_bytes)
     previous = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.ERROR
     try:
         results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
-        canonicalize_selections(results, selection_outputs(model))
+        (_, torch_iters), (_, ort_iters) = results[0], results[1]
+        report = ValidationReport(
+            model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
+            runners=[reference_name, "onnxruntime"], tie_rtol=tie_rtol if select else None,
+        )
+        excluded: list[np.ndarray | None] = [None] * len(feeds)
+        if select:
+            for k, (seq_len, feed, outputs) in enumerate(zip(settings.seq_lens, feeds, ort_iters)):
+                ours = [np.asarray(outputs[name]) for name in index_names]
+                for name in index_names:
+                    if name not in output_names:
+                        outputs.dct.pop(name)  # Polygraphy's IterationResult keeps its arrays in .dct
+                theirs = recorder.records[k]
+                layers = sorted(theirs)
+                if len(layers) != len(ours):
+                    raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
+                lengths = feed["attention_mask"].sum(-1)
+                classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol)
+                report.selections[seq_len] = classified
+                report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
+                excluded[k] = diverged
+        selections = selection_outputs(model)
+        canonicalize_selections(results, selections)
+        for k, (expected, actual) in enumerate(zip(torch_iters, ort_iters)):
+            if excluded[k] is not None and excluded[k].any():
+                for name in output_names:
+                    if name in selections:
+                        # Judged through the per-layer classification above.
+                        actual[name] = np.asarray(expected[name])
+                    else:
+                        _exclude_positions(expected, actual, name, excluded[k])
         compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
         G_LOGGER.module_severity = previous
-    report = ValidationReport(
-        model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
-        runners=[reference_name, "onnxruntime"], passed=bool(verdict),
-    )
-    (_, torch_iters), (_, ort_iters) = results[0], results[1]
-    for seq_len, expected, actual in zip(settings.seq_lens, torch_iters, ort_iters):
+    report.passed = bool(verdict)
+    for k, (seq_len, expected, actual) in enumerate(zip(settings.seq_lens, torch_iters, ort_iters)):
+        mask = excluded[k]
         for name in output_names:
             ref = np.asarray(expected[name], dtype=np.float64)
             out = np.asarray(actual[name], dtype=np.float64)
-            diff = np.abs(out - ref)
-            rel = diff / np.maximum(np.abs(ref), 1e-12)
+            keep = None
+            if mask is not None and ref.ndim >= 2 and ref.shape[:2] == mask.shape and name not in selections:
+                keep = ~mask
+            r, o = (ref[keep], out[keep]) if keep is not None else (ref, out)
+            diff = np.abs(o - r)
+            rel = diff / np.maximum(np.abs(r), 1e-12)
+            denominator = float(np.linalg.norm(r) * np.linalg.norm(o))
             report.errors.append(OutputError(
-                seq_len=seq_len, output=name, max_abs=float(diff.max()), median_abs=float(np.median(diff)),
-                max_rel=float(rel.max()), passed=_within(diff, rel, ref, atol, rtol, error_stat),
+                seq_len=seq_len, output=name, max_abs=float(diff.max()) if diff.size else 0.0,
+                median_abs=float(np.median(diff)) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
+                passed=_within(diff, rel, r, atol, rtol, error_stat) if diff.size else True,
+                excluded_positions=int(mask.sum()) if keep is not None else 0,
+                cosine=float((r * o).sum() / denominator) if denominator else None,
             ))
-    if source.reference_module is not None and source.spec.startswith("hf:"):
-        # A transformers reference: compare the indexers' selections too.
-        from dsa_export.hf.overlap import topk_overlap
-
-        transformers_model = source.reference_module.model
-
-        for seq_len, feed in zip(settings.seq_lens, feeds):
-            tensors = {k: torch.from_numpy(v) for k, v in feed.items()}
-            report.topk_overlap[seq_len] = topk_overlap(path, transformers_model, tensors)
+    if report.topk_overlap:
         report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
-        report.passed = report.passed and report.min_topk_overlap >= settings.min_topk_overlap
+        report.passed = (report.passed and report.min_topk_overlap >= settings.min_topk_overlap
+                         and report.unexplained_selections == 0)
+    report.min_topk_overlap = report.min_topk_overlap if report.topk_overlap else None
     report.passed = report.passed and all(e.passed for e in report.errors)
     return report
+
+
+def _exclude_positions(expected, actual, name: str, mask: np.ndarray) -> None:
+    """Copy the reference into ``actual`` at the excluded ``[B,S]`` positions (Polygraphy then
+    judges the rest); the report counts what was left out."""
+    ref, out = np.asarray(expected[name]), np.array(actual[name])
+    if out.ndim >= 2 and out.shape[:2] == mask.shape:
+        out[mask] = ref[mask].astype(out.dtype)
+        actual[name] = out
 
 
 def _within(diff: np.ndarray, rel: np.ndarray, ref: np.ndarray, atol: float, rtol: float, stat: str) -> bool:

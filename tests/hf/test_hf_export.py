@@ -13,9 +13,11 @@ from dsa_export.errors import DSAUserError
 from dsa_export.export import ExportSettings, export_model, save_model
 from dsa_export.hf.loader import load_model
 from dsa_export.hf.model import DSAExportModel
-from dsa_export.hf.source import format_spec
+from dsa_export.hf.source import hf_reference
 from dsa_export.runtime.onnxrt import session
 from dsa_export.sources import resolve
+from dsa_export.validate.compare import with_indexer_outputs
+from dsa_export.validate.selections import compare_selections
 
 from .conftest import make_checkpoint, make_fp8_checkpoint
 
@@ -71,19 +73,29 @@ def test_graph_has_one_indexer_per_full_layer_and_hf_io(prefill_exports, kind):
     assert k_dims[2:] == [1, 32 + 8]
 
 
+def _selections(path, source, feed):
+    """Our DSAIndexerTopK outputs (ONNX Runtime) vs transformers' indexers, classified per layer."""
+    import onnx
+
+    model_bytes, names = with_indexer_outputs(onnx.load(str(path), load_external_data=False))
+    sess = session(path, model_bytes=model_bytes)
+    outputs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {k: v.numpy() for k, v in feed.items()})))
+    (want, *_), theirs = source.reference_module.run_with_selections(*feed.values())
+    theirs = {i: (idx.numpy(), sc.numpy()) for i, (idx, sc) in theirs.items()}
+    ours = dict(zip(sorted(theirs), [outputs[n] for n in names]))
+    layers, _ = compare_selections(ours, theirs, feed["attention_mask"].sum(-1).numpy(), tie_rtol=1e-4)
+    return outputs, want, layers
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("seq", [5, 40])  # index_topk 8: above and below the sequence length
 def test_onnxruntime_matches_transformers_eager(prefill_exports, kind, seq):
-    from dsa_export.hf.overlap import topk_overlap
-
     path, source = prefill_exports[kind]
     feed = source.inputs_for(2, seq, seed=seq)
-    (got,) = session(path).run(None, {k: v.numpy() for k, v in feed.items()})
-    with torch.no_grad():
-        want = source.reference_module(**feed).numpy()
-    assert np.abs(got - want).max() < 1e-3
-    overlaps = topk_overlap(path, source.reference_module.model, feed)
-    assert overlaps and min(overlaps.values()) >= 0.99
+    outputs, want, layers = _selections(path, source, feed)
+    assert np.abs(outputs["logits"] - want.numpy()).max() < 1e-3
+    assert layers and min(layer.overlap for layer in layers) >= 0.99
+    assert sum(layer.unexplained_rows for layer in layers) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -95,7 +107,7 @@ def test_padded_batch_in_onnxruntime(prefill_exports, kind):
     mask[2, 11:] = 0
     (got,) = session(path).run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
     with torch.no_grad():
-        want = source.reference_module(ids, mask).numpy()
+        want = source.reference_module(ids, mask).numpy()  # transformers, loaded tensor by tensor
     for row, length in enumerate(mask.sum(-1).tolist()):
         assert np.abs(got[row, :length] - want[row, :length]).max() < 1e-3
 
@@ -104,7 +116,7 @@ def test_padded_batch_in_onnxruntime(prefill_exports, kind):
 def test_decode_graph_greedy_matches_transformers_generate(checkpoints, tmp_path, kind):
     from dsa_export.hf.generate import greedy_generate
 
-    source = resolve(format_spec(checkpoints[kind], "decode"))
+    source = resolve(hf_reference(checkpoints[kind], graph="decode"))
     path = save_model(export_model(source, ExportSettings()), tmp_path / "decode.onnx")
     prompt = _ids(1, 12, seed=4)
     hf, _ = load_model(checkpoints[kind])
@@ -135,7 +147,7 @@ def test_layer_slices_chain_to_the_full_model(checkpoints, tmp_path):
     hf, _ = load_model(checkpoints["glm_moe_dsa"])
     stages = []
     for span in ((0, 1), (1, 4)):
-        source = resolve(format_spec(checkpoints["glm_moe_dsa"], "prefill", span))
+        source = resolve(hf_reference(checkpoints["glm_moe_dsa"], layers=span))
         path = save_model(export_model(source, ExportSettings()), tmp_path / f"s{span[0]}.onnx")
         stages.append(session(path))
     assert [o.name for o in stages[0].get_outputs()] == ["hidden_states_out", "topk_indices"]
@@ -151,10 +163,11 @@ def test_layer_slices_chain_to_the_full_model(checkpoints, tmp_path):
     assert np.abs(logits - want).max() < 1e-3
 
 
-def test_fp8_checkpoint_is_refused_without_the_flag_and_dequantized_with_it(checkpoints, tmp_path):
+def test_fp8_checkpoint_loads_dequantized_in_transformers(checkpoints, tmp_path):
+    """The test's FP8 rewrite is what transformers' fine-grained FP8 loader reads (our oracle)."""
     pytest.importorskip("accelerate", reason="FP8 dequantize on load needs accelerate (the hf extra)")
     path, expected = make_fp8_checkpoint(tmp_path, checkpoints["deepseek_v32"])
-    with pytest.raises(DSAUserError, match="--dequantize-fp8"):
+    with pytest.raises(DSAUserError, match="dequantize_fp8"):
         load_model(path)
     model, ckpt = load_model(path, dequantize_fp8=True)
     assert ckpt.fp8
@@ -195,7 +208,8 @@ def test_cli_export_and_validate_against_transformers(checkpoints, tmp_path):
     [
         ("pickle", "never loads because unpickling runs code"),
         ("llama", "dsa-export reads deepseek_v32 and glm_moe_dsa"),
-        ("fp8", "--dequantize-fp8"),
+        ("wider", "config.json and the weights do not belong together"),
+        ("no-fp8", "stores no FP8 weights; drop --dequantize-fp8"),
     ],
 )
 def test_bad_checkpoints_get_one_sentence(tmp_path, checkpoints, setup, message):
@@ -210,14 +224,16 @@ def test_bad_checkpoints_get_one_sentence(tmp_path, checkpoints, setup, message)
             file.rename(file.with_suffix(".bin"))
     elif setup == "llama":
         config["model_type"] = "llama"
-    else:
-        config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    elif setup == "wider":
+        config["moe_intermediate_size"] *= 2
     (bad / "config.json").write_text(json.dumps(config))
-    result = _cli("export", str(bad), "-o", str(tmp_path / "x.onnx"))
+    extra = ["--dequantize-fp8"] if setup == "no-fp8" else []
+    result = _cli("export", str(bad), "-o", str(tmp_path / "x.onnx"), *extra)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_layers_option_needs_a_hf_directory(tmp_path):
-    result = _cli("export", "-o", str(tmp_path / "x.onnx"), "--layers", "0:1")
+@pytest.mark.parametrize("flag", [["--layers", "0:1"], ["--stages", "2"]])
+def test_layers_and_stages_options_need_a_hf_directory(tmp_path, flag):
+    result = _cli("export", "-o", str(tmp_path / "x.onnx"), *flag)
     assert result.returncode == 2 and "Hugging Face model directories only" in result.stderr

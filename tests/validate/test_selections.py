@@ -1,0 +1,86 @@
+"""Selections vs the reference's: equal rows, near-tie flips, propagated divergence, real faults."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsa_export.validate.selections import compare_layer, compare_selections
+
+
+def _case(seed=0, s=12, t=12, k=4):
+    """Scores with distinct values, the reference's top-k of each causal row, and a copy as ours."""
+    rng = np.random.default_rng(seed)
+    scores = rng.uniform(0.1, 1.0, size=(1, s, t))
+    reference = np.full((1, s, k), -1, dtype=np.int32)
+    for q in range(s):
+        allowed = q + 1
+        top = np.argsort(-scores[0, q, :allowed], kind="stable")[: min(k, allowed)]
+        reference[0, q, : top.size] = top
+    return scores, reference, reference.copy()
+
+
+def test_identical_selections_are_equal_rows():
+    scores, reference, ours = _case()
+    result = compare_layer(0, ours, reference, scores, np.array([12]), np.zeros((1, 12), bool), tie_rtol=1e-4)
+    assert result.rows == 12 and result.overlap == 1.0
+    assert result.near_tie_rows == result.unexplained_rows == result.propagated_rows == 0
+
+
+def test_a_swap_at_the_kth_place_within_tolerance_is_a_near_tie_flip():
+    scores, reference, ours = _case()
+    q = 9
+    kth_key = int(reference[0, q, -1])
+    outside = next(t for t in range(q + 1) if t not in set(reference[0, q].tolist()))
+    scores[0, q, outside] = scores[0, q, kth_key] - 2e-6  # just below the k-th score
+    ours[0, q, -1] = outside
+    diverged = np.zeros((1, 12), bool)
+    result = compare_layer(0, ours, reference, scores, np.array([12]), diverged, tie_rtol=1e-4)
+    assert result.near_tie_rows == 1 and result.unexplained_rows == 0
+    assert 0 < result.max_near_tie_gap < 1e-4
+    assert diverged[0, q] and diverged.sum() == 1  # that query's outputs are expected to differ
+    assert result.overlap == (11 + 3 / 4) / 12
+
+
+def test_the_same_swap_beyond_tolerance_is_unexplained():
+    scores, reference, ours = _case()
+    q = 9
+    outside = next(t for t in range(q + 1) if t not in set(reference[0, q].tolist()))
+    ours[0, q, -1] = outside  # a key far below the k-th score
+    result = compare_layer(0, ours, reference, scores, np.array([12]), np.zeros((1, 12), bool), tie_rtol=1e-4)
+    assert result.unexplained_rows == 1 and result.near_tie_rows == 0
+    b, query, only_ours, only_theirs = result.examples[0]
+    assert (b, query, only_ours) == (0, q, [outside])
+
+
+def test_later_layers_inherit_divergence():
+    """A query flipped in layer 0 may differ in layer 1 for any reason, and a later query that
+    swaps in that query's key (its indexer key moved) is explained by the same flip."""
+    scores, reference, ours0 = _case(seed=1)
+    q = 10
+    kth_key = int(reference[0, q, -1])
+    outside = next(t for t in range(q + 1) if t not in set(reference[0, q].tolist()))
+    scores[0, q, outside] = scores[0, q, kth_key]  # an exact tie
+    ours0[0, q, -1] = outside
+    scores1, reference1, ours1 = _case(seed=2)
+    scores1[0, 11, q] = 0.01  # key q is the worst key of query 11 in layer 1...
+    reference1[0, 11] = np.argsort(-scores1[0, 11, :12], kind="stable")[:4]
+    ours1 = reference1.copy()
+    ours1[0, q] = [0, 1, 2, 3]  # anything: query q already diverged
+    ours1[0, 11, -1] = q  # ...yet we pick it: its key moved with the flip in layer 0
+    results, diverged = compare_selections({0: ours0, 1: ours1}, {0: (reference, scores), 1: (reference1, scores1)},
+                                           np.array([12]), tie_rtol=1e-4)
+    assert results[0].near_tie_rows == 1
+    assert results[1].unexplained_rows == 0 and results[1].propagated_rows == 2
+    assert diverged[0, q] and diverged[0, 11]
+    # Without the flip in layer 0 the same layer-1 selection is a real fault (query q; query 11
+    # then follows from it).
+    results, _ = compare_selections({1: ours1}, {1: (reference1, scores1)}, np.array([12]), tie_rtol=1e-4)
+    assert results[0].unexplained_rows == 1 and results[0].examples[0][1] == q
+
+
+def test_padding_and_masked_keys_do_not_count():
+    scores, reference, ours = _case()
+    ours[0, 11] = [-1, 50, 7, 7]  # out-of-range / duplicate entries are not keys
+    reference[0, 11] = [7, -1, -1, -1]
+    result = compare_layer(0, ours, reference, scores, np.array([8]), np.zeros((1, 12), bool), tie_rtol=1e-4)
+    assert result.rows == 8  # rows past the length are not judged
