@@ -1,9 +1,11 @@
-"""The build manifest: what an artifact folder holds and what it needs, as one shared schema.
+"""The build manifest and the pipeline of stages: what artifact folders hold, as shared schemas.
 
 ``dsa-export build`` writes ``manifest.json``; the runtimes, ``check --engine`` (through
 :mod:`dsa_export.compat.engine_gate`, which reads the ``engine`` section) and the C++ example read it.
-It sits at the bottom of the package so that readers never import the build pipeline. Reading it
-imports neither torch, onnxruntime nor TensorRT.
+``dsa-export export --stages`` writes ``pipeline.json`` (:class:`Pipeline`): a model cut into
+contiguous stages of layers, one ONNX file per stage, and what flows from one stage to the next.
+This module sits at the bottom of the package so that readers never import the build pipeline.
+Reading either imports neither torch, onnxruntime nor TensorRT.
 """
 
 from __future__ import annotations
@@ -205,6 +207,147 @@ def write_manifest(data: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# pipeline.json
+
+PIPELINE_NAME = "pipeline.json"
+PIPELINE_FORMAT = "dsa-export-pipeline"
+PIPELINE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    """One stage of a pipeline: its layers, files, I/O and hashes.
+
+    Attributes:
+        index: position in the pipeline (0 = first).
+        layers: decoder layers ``[start, stop)``.
+        embed, head: whether the stage embeds token ids (first) / applies norm + lm_head (last).
+        onnx: the stage's .onnx file, relative to the pipeline folder (POSIX).
+        data: its external data file, relative, or None when the weights are inside ``onnx``.
+        sha256: ``{relative file: sha256}`` of ``onnx`` and ``data``.
+        sizes: ``{relative file: bytes}``.
+        inputs, outputs: the graph's I/O.
+        weight_bytes: bytes of the stage's initializers.
+        checkpoint_bytes: bytes of the same tensors in the checkpoint's safetensors.
+        key: digest of everything the stage was exported from (reference, settings, tool version);
+            a stage with the same key and matching files is not exported again.
+        plan: the planner's figures for this stage (weights, cache, activations, total).
+    """
+
+    index: int
+    layers: tuple[int, int]
+    embed: bool
+    head: bool
+    onnx: str
+    data: str | None
+    sha256: dict[str, str]
+    sizes: dict[str, int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    weight_bytes: int
+    checkpoint_bytes: int
+    key: str
+    plan: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "layers": list(self.layers), "embed": self.embed, "head": self.head,
+            "onnx": self.onnx, "data": self.data, "sha256": dict(self.sha256), "sizes": dict(self.sizes),
+            "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
+            "weight_bytes": self.weight_bytes, "checkpoint_bytes": self.checkpoint_bytes, "key": self.key,
+            "plan": dict(self.plan),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageFiles:
+        return cls(
+            index=int(data["index"]), layers=(int(data["layers"][0]), int(data["layers"][1])),
+            embed=bool(data["embed"]), head=bool(data["head"]), onnx=str(data["onnx"]), data=data.get("data"),
+            sha256=dict(data.get("sha256", {})), sizes={k: int(v) for k, v in data.get("sizes", {}).items()},
+            inputs=[TensorSpec.from_dict(t) for t in data.get("inputs", [])],
+            outputs=[TensorSpec.from_dict(t) for t in data.get("outputs", [])],
+            weight_bytes=int(data.get("weight_bytes", 0)), checkpoint_bytes=int(data.get("checkpoint_bytes", 0)),
+            key=str(data.get("key", "")), plan=dict(data.get("plan", {})),
+        )
+
+
+@dataclass(frozen=True)
+class StageLink:
+    """A tensor one stage hands to the next: ``output`` of stage ``source`` feeds ``input`` of ``target``."""
+
+    source: int
+    target: int
+    output: str
+    input: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from": self.source, "to": self.target, "output": self.output, "input": self.input}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageLink:
+        return cls(int(data["from"]), int(data["to"]), str(data["output"]), str(data["input"]))
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """``pipeline.json``: a model as contiguous stages run one after the other.
+
+    Inputs that are not produced by an earlier stage (``attention_mask``, the decode caches) are
+    fed to every stage that has them by the caller; ``links`` lists the rest.
+    """
+
+    model: dict[str, Any]  # the ModelReference record (path relative to the pipeline folder)
+    model_type: str
+    num_layers: int
+    graph: str
+    settings: dict[str, Any]
+    plan: dict[str, Any]
+    stages: list[StageFiles]
+    links: list[StageLink]
+    tool_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PIPELINE_FORMAT, "version": PIPELINE_VERSION, "tool_version": self.tool_version,
+            "model": dict(self.model), "model_type": self.model_type, "num_layers": self.num_layers,
+            "graph": self.graph, "settings": dict(self.settings), "plan": dict(self.plan),
+            "stages": [s.to_dict() for s in self.stages], "links": [link.to_dict() for link in self.links],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pipeline:
+        return cls(
+            model=dict(data.get("model", {})), model_type=str(data.get("model_type", "")),
+            num_layers=int(data.get("num_layers", 0)), graph=str(data.get("graph", "prefill")),
+            settings=dict(data.get("settings", {})), plan=dict(data.get("plan", {})),
+            stages=[StageFiles.from_dict(s) for s in data.get("stages", [])],
+            links=[StageLink.from_dict(link) for link in data.get("links", [])],
+            tool_version=str(data.get("tool_version", "")),
+        )
+
+
+def read_pipeline(path: str | Path) -> Pipeline:
+    """Read ``pipeline.json`` (or the one in folder ``path``)."""
+    path = Path(path)
+    candidate = path / PIPELINE_NAME if path.is_dir() else path
+    if not candidate.is_file():
+        raise DSAUserError(f"{candidate} does not exist; export the stages with `dsa-export export HF_DIR --stages N -o DIR`.")
+    try:
+        data = json.loads(candidate.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DSAUserError(f"{candidate} is not valid JSON ({exc}); export the stages again.") from exc
+    if not isinstance(data, dict) or data.get("format") != PIPELINE_FORMAT:
+        raise DSAUserError(f"{candidate} is not a dsa-export pipeline file; export the stages again.")
+    if int(data.get("version", 0)) > PIPELINE_VERSION:
+        raise DSAUserError(f"{candidate} has pipeline format {data['version']}, newer than this dsa-export reads "
+                           f"({PIPELINE_VERSION}); upgrade dsa-export.")
+    try:
+        return Pipeline.from_dict(data)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise DSAUserError(f"{candidate} has a malformed field ({exc}); export the stages again.") from exc
+
+
 __all__ = [
     "ENGINE_NAME",
     "MANIFEST_NAME",
@@ -212,12 +355,17 @@ __all__ = [
     "ORT_DIR",
     "ORT_MODEL_NAME",
     "ORT_SESSION_NAME",
+    "PIPELINE_NAME",
     "SCHEMA_VERSION",
     "VALIDATION_NAME",
     "Manifest",
+    "Pipeline",
+    "StageFiles",
+    "StageLink",
     "TensorSpec",
     "check_shapes",
     "make_inputs",
     "read_manifest",
+    "read_pipeline",
     "write_manifest",
 ]

@@ -7,57 +7,110 @@ from pathlib import Path
 
 import click
 
-from dsa_export.export.settings import DEFAULT_OPSET, DTYPES, OPS_MODES, SUPPORTED_OPSETS
+from dsa_export.cli.plan_cmd import StageCount
 from dsa_export.errors import DSAUsageError
+from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
 
 
 @click.command(name="export")
 @click.argument("model", required=False)
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write the .onnx file (written atomically).")
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True,
+              help="The .onnx file to write (atomically); with --stages, the folder for the stages and pipeline.json.")
 @click.option("--ops", type=click.Choice(OPS_MODES), default="plugin", show_default=True,
               help="plugin: dsa custom nodes with function bodies; native: standard ONNX ops only.")
 @click.option("--batch", type=click.IntRange(min=2), default=2, show_default=True,
               help="Batch of the traced example (the axis stays dynamic).")
 @click.option("--seq-len", type=click.IntRange(min=2), default=64, show_default=True,
               help="Sequence length of the traced example (the axis stays dynamic).")
-@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
-@click.option("--opset", type=click.IntRange(SUPPORTED_OPSETS.start, SUPPORTED_OPSETS.stop - 1),
-              default=DEFAULT_OPSET, show_default=True, help="Standard-domain ONNX opset.")
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default=None,
+              help="Weights and activations. Default: a Hugging Face checkpoint's own dtype (bf16 for "
+                   "DeepSeek-V3.2 and GLM-5), fp32 for other models. FP8 weights stay FP8 unless --dequantize-fp8.")
+@click.option("--opset", type=click.IntRange(SUPPORTED_OPSETS.start, SUPPORTED_OPSETS.stop - 1), default=None,
+              help="Standard-domain ONNX opset. Default: 18, or 21 for FP8 weights (blocked DequantizeLinear).")
 @click.option("--graph", type=click.Choice(["prefill", "decode"]), default=None,
               help="Hugging Face models: prefill (default) or a decode step with explicit caches.")
 @click.option("--layers", default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
-@click.option("--dequantize-fp8", is_flag=True, help="Hugging Face models stored in FP8: dequantize on load.")
-def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str, opset: int,
-            graph: str | None, layers: str | None, dequantize_fp8: bool) -> None:
+@click.option("--stages", type=StageCount(), default=None,
+              help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
+                   "balanced stages), one .onnx per stage plus pipeline.json in the -o folder; resumable.")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages: memory of one GPU, e.g. 141GiB.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --stages: GPUs available.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --stages: largest batch the stages are planned for.")
+@click.option("--max-seq", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="With --stages: largest sequence length the stages are planned for.")
+@click.option("--dequantize-fp8", is_flag=True,
+              help="Hugging Face models stored in FP8: write the weights dequantized (in --dtype, default bf16) "
+                   "for runtimes without FP8.")
+def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str | None, opset: int | None,
+            graph: str | None, layers: str | None, stages: str | int | None, gpu_memory: str | None, gpus: int | None,
+            max_batch: int, max_seq: int, dequantize_fp8: bool) -> None:
     """Export MODEL to ONNX with DSA custom ops.
 
     MODEL is a built-in model name (default: tiny), path/file.py:factory, where factory()
     returns (module, example_inputs) and may accept batch= and seq_len= keywords, or a local
     Hugging Face directory of a deepseek_v32 (DeepSeek-V3.2) or glm_moe_dsa (GLM-5) model.
+    Checkpoints are read one tensor at a time and written straight into the file (external data
+    past 2 GB): memory stays at about one layer, whatever the model.
     """
-    from dsa_export.export import ExportSettings, export_model, save_model
+    from dsa_export.export import ExportSettings
     from dsa_export.sources import resolve
 
     if model and ":" in model and Path(model.rsplit(":", 1)[0]).resolve() == output.resolve():
         raise DSAUsageError("the output path is the model file itself; choose another -o.")
-    if model and Path(model).is_dir():
+    is_hf = bool(model) and Path(model).is_dir()
+    if not is_hf and (graph or layers or dequantize_fp8 or stages is not None):
+        raise DSAUsageError("--graph, --layers, --stages and --dequantize-fp8 apply to Hugging Face model directories only.")
+    if stages is None and (gpu_memory or gpus):
+        raise DSAUsageError("--gpu-memory and --gpus apply to --stages only.")
+    if stages is not None and layers:
+        raise DSAUsageError("--layers and --stages exclude each other: a stage is a layer range the planner chooses.")
+    if stages == "auto" and not gpu_memory:
+        raise DSAUsageError("--stages auto needs --gpu-memory (e.g. 141GiB) to know what fits; pass it, or a stage "
+                            "count such as --stages 4.")
+    settings = ExportSettings(ops=ops, batch=batch, seq_len=seq_len, dtype=dtype, opset=opset)
+    start = time.perf_counter()
+    if stages is not None:
+        _export_stages(Path(model), output, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph or "prefill",
+                       dequantize_fp8, start)
+        return
+    if is_hf:
         from dsa_export.hf.loader import inspect_checkpoint
-        from dsa_export.hf.source import format_spec, parse_layers
+        from dsa_export.hf.source import hf_reference, parse_layers
 
         ckpt = inspect_checkpoint(model)
         span = parse_layers(layers, ckpt.num_layers) if layers else None
-        model = format_spec(model, graph or "prefill", span, dequantize_fp8)
-    elif graph or layers or dequantize_fp8:
-        raise DSAUsageError("--graph, --layers and --dequantize-fp8 apply to Hugging Face model directories only.")
-    settings = ExportSettings(ops=ops, batch=batch, seq_len=seq_len, dtype=dtype, opset=opset)
-    start = time.perf_counter()
-    source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
-    onnx_model = export_model(source, settings)
-    save_model(onnx_model, output)
-    custom = sum(1 for n in onnx_model.graph.node if n.domain == "dsa")
+        source = resolve(hf_reference(model, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8),
+                         batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype)
+    else:
+        source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
+    _check_output(output)
+    from dsa_export.export import export_to_file
+
+    result = export_to_file(source, settings, output)
+    data = f", {result.external_bytes / 2**30:.2f} GiB of weights in {output.name}.data" if result.external_bytes else ""
     click.echo(
-        f"Exported {source.spec} to {output} ({ops} ops, {custom} dsa nodes, {dtype}, opset {opset}) "
-        f"in {time.perf_counter() - start:.1f} s."
+        f"Exported {source.spec} to {output} ({ops} ops, {result.dsa_nodes} dsa nodes, {result.settings.dtype}, "
+        f"opset {result.settings.opset}{data}) in {time.perf_counter() - start:.1f} s."
     )
+
+
+def _check_output(output: Path) -> None:
+    if output.is_dir():
+        raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
+
+
+def _export_stages(model: Path, output: Path, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph,
+                   dequantize_fp8, start) -> None:
+    from dsa_export.build.stages import StageExportSettings, export_stages, stage_table
+
+    if output.exists() and not output.is_dir():
+        raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
+    stage_settings = StageExportSettings(stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
+                                         max_seq=max_seq, graph=graph, dequantize_fp8=dequantize_fp8, export=settings)
+    pipeline, outcomes = export_stages(model, output, stage_settings)
+    click.echo(stage_table(outcomes))
+    kept = sum(o.status == "kept" for o in outcomes)
+    click.echo(f"Exported {len(pipeline.stages)} stages of {pipeline.num_layers} layers to {output} "
+               f"({kept} kept from an earlier run) in {time.perf_counter() - start:.1f} s; see {output / 'pipeline.json'}.")

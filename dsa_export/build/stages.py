@@ -1,0 +1,261 @@
+"""Export a checkpoint as pipeline stages: one ONNX file per stage and ``pipeline.json`` on top.
+
+The stage split comes from the planner (:func:`dsa_export.hf.plan.plan_stages`: contiguous layer
+ranges that fit a GPU, or N balanced stages). Stages are exported one at a time, each streamed from
+the safetensors (about one layer plus one tensor block in memory, whatever the model), into
+``DIR/stage_KK/model.onnx`` (+ ``model.onnx.data``). ``pipeline.json`` is rewritten atomically
+after every stage, so an interrupted run keeps what it finished: a stage whose key (model
+reference, settings, tool version) is unchanged and whose files still match their recorded sizes
+and sha256 is kept, not exported again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsa_export import __version__
+from dsa_export.errors import DSAUserError
+from dsa_export.export.settings import ExportSettings
+from dsa_export.fileio import sha256_file
+from dsa_export.manifest import (
+    ONNX_NAME,
+    PIPELINE_NAME,
+    Pipeline,
+    StageFiles,
+    StageLink,
+    TensorSpec,
+    read_pipeline,
+    write_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageExportSettings:
+    """How to cut and export the stages.
+
+    Attributes:
+        stages: ``"auto"`` (fewest stages that fit ``gpu_memory``) or a stage count.
+        gpu_memory: memory of one GPU (bytes or text such as ``"141GiB"``); None with a stage
+            count: no fit check.
+        gpus: GPUs available (a plan needing more is refused).
+        max_batch, max_seq: the profile maximum the caches and activations are planned for.
+        graph: ``prefill`` or ``decode``.
+        dequantize_fp8: write FP8 checkpoints' weights dequantized (in ``export.dtype``).
+        export: settings of each stage's export.
+    """
+
+    stages: str | int = "auto"
+    gpu_memory: int | str | None = None
+    gpus: int | None = None
+    max_batch: int = 1
+    max_seq: int = 8192
+    graph: str = "prefill"
+    dequantize_fp8: bool = False
+    export: ExportSettings = field(default_factory=ExportSettings)
+
+
+@dataclass
+class StageOutcome:
+    index: int
+    layers: tuple[int, int]
+    status: str  # "exported" | "kept"
+    seconds: float
+    weight_bytes: int
+    checkpoint_bytes: int
+
+
+def _stage_dir(index: int) -> str:
+    return f"stage_{index:02d}"
+
+
+def _checkpoint_bytes(checkpoint, start: int, stop: int, embed: bool, head: bool) -> int:
+    prefixes = tuple(f"model.layers.{i}." for i in range(start, stop))
+    if embed:
+        prefixes += ("model.embed_tokens.",)
+    if head:
+        prefixes += ("model.norm.", "lm_head.")
+    return sum(t.nbytes for key, t in checkpoint.tensors.items() if key.startswith(prefixes))
+
+
+def _io_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+
+    def spec(value) -> TensorSpec:
+        tensor_type = value.type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type != 16 else "bfloat16"
+        return TensorSpec(value.name, dtype, tuple(d.dim_param or d.dim_value for d in tensor_type.shape.dim))
+
+    return ([spec(v) for v in model.graph.input if v.name not in initializers], [spec(v) for v in model.graph.output])
+
+
+def _links(stages: list[StageFiles]) -> list[StageLink]:
+    links = []
+    for before, after in zip(stages, stages[1:]):
+        produced = {t.name for t in before.outputs}
+        if "hidden_states_out" in produced:
+            links.append(StageLink(before.index, after.index, "hidden_states_out", "hidden_states"))
+        if "topk_indices" in produced:
+            links.append(StageLink(before.index, after.index, "topk_indices", "prev_topk_indices"))
+    return links
+
+
+def _kept(entry: StageFiles | None, key: str, folder: Path) -> bool:
+    """A finished stage from an earlier run with the same key whose files are intact."""
+    if entry is None or entry.key != key:
+        return False
+    for name, digest in entry.sha256.items():
+        file = folder / name
+        if not file.is_file() or file.stat().st_size != entry.sizes.get(name, -1):
+            return False
+        if sha256_file(file) != digest:
+            return False
+    return True
+
+
+def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: StageExportSettings = StageExportSettings(),
+                  *, progress: bool = True) -> tuple[Pipeline, list[StageOutcome]]:
+    """Plan, then export every stage of ``checkpoint_dir`` into ``out_dir``; returns the pipeline."""
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+    from dsa_export.hf.loader import inspect_checkpoint
+    from dsa_export.hf.plan import plan_stages
+    from dsa_export.hf.source import hf_reference
+
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    ckpt = inspect_checkpoint(checkpoint_dir)
+    if settings.dequantize_fp8 and not ckpt.fp8:
+        raise DSAUserError(f"'{checkpoint_dir}' stores no FP8 weights; drop --dequantize-fp8.")
+    explicit = settings.gpu_memory is not None
+    plan = plan_stages(checkpoint_dir, gpu_memory_bytes=settings.gpu_memory if explicit else 1 << 60,
+                       stages=settings.stages, gpus=settings.gpus, max_batch=settings.max_batch,
+                       max_seq=settings.max_seq, dtype=settings.export.dtype if settings.dequantize_fp8 or not ckpt.fp8
+                       else None, strict=explicit)
+    if settings.stages == "auto" and not explicit:
+        raise DSAUserError("--stages auto needs --gpu-memory (e.g. 141GiB) to know what fits; pass it, or a stage "
+                           "count such as --stages 4.")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DSAUserError(f"cannot create the output folder '{out_dir}' ({exc.strerror}); choose another -o.") from exc
+    previous: dict[int, StageFiles] = {}
+    if (out_dir / PIPELINE_NAME).is_file():
+        try:
+            previous = {s.index: s for s in read_pipeline(out_dir).stages}
+        except DSAUserError as exc:
+            log.warning("ignoring the existing %s (%s)", out_dir / PIPELINE_NAME, exc)
+    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    n = ckpt.num_layers
+    whole = hf_reference(checkpoint_dir, graph=settings.graph, dequantize_fp8=settings.dequantize_fp8)
+    stages: list[StageFiles] = []
+    outcomes: list[StageOutcome] = []
+    plan_data = json.loads(plan.to_json())
+    if not explicit:
+        plan_data["gpu_memory_bytes"] = None  # no GPU size given: the stage count alone decided
+    settings_record = {"ops": settings.export.ops, "dtype": settings.export.dtype, "opset": settings.export.opset,
+                       "batch": settings.export.batch, "seq_len": settings.export.seq_len, "seed": settings.export.seed}
+    for stage_plan in plan.stages:
+        start, stop = stage_plan.start, stage_plan.stop
+        embed, head = start == 0, stop == n
+        reference = hf_reference(checkpoint_dir, graph=settings.graph, layers=(start, stop), embed=embed, head=head,
+                                 dequantize_fp8=settings.dequantize_fp8)
+        key = hashlib.sha256(json.dumps({"reference": reference.to_json(), "settings": settings_record,
+                                         "tool": __version__}, sort_keys=True).encode()).hexdigest()
+        folder = _stage_dir(stage_plan.index)
+        onnx_rel = f"{folder}/{ONNX_NAME}"
+        began = time.perf_counter()
+        entry = previous.get(stage_plan.index)
+        if _kept(entry, key, out_dir):
+            assert entry is not None
+            stages.append(entry)
+            outcomes.append(StageOutcome(entry.index, entry.layers, "kept", 0.0, entry.weight_bytes,
+                                         entry.checkpoint_bytes))
+            continue
+        result = _export_one(reference, settings, out_dir / onnx_rel, stage_plan.index, len(plan.stages),
+                             stage_plan.weight_bytes if progress else None)
+        data_rel = f"{onnx_rel}.data" if result.external_bytes else None
+        sha = {onnx_rel: sha256_file(out_dir / onnx_rel)}
+        sizes = {onnx_rel: (out_dir / onnx_rel).stat().st_size}
+        if data_rel is not None:
+            sha[data_rel] = result.data_sha256 or sha256_file(out_dir / data_rel)
+            sizes[data_rel] = (out_dir / data_rel).stat().st_size
+        inputs, outputs = _io_specs(out_dir / onnx_rel)
+        ckpt_bytes = _checkpoint_bytes(checkpoint, start, stop, embed, head)
+        entry = StageFiles(
+            index=stage_plan.index, layers=(start, stop), embed=embed, head=head, onnx=onnx_rel, data=data_rel,
+            sha256=sha, sizes=sizes, inputs=inputs, outputs=outputs, weight_bytes=result.weight_bytes,
+            checkpoint_bytes=ckpt_bytes, key=key, plan=plan_data["stages"][stage_plan.index],
+        )
+        stages.append(entry)
+        outcomes.append(StageOutcome(entry.index, entry.layers, "exported", time.perf_counter() - began,
+                                     result.weight_bytes, ckpt_bytes))
+        # Record progress after every stage: an interrupted run resumes from here.
+        _write(out_dir, whole, ckpt, settings, plan_data, settings_record, stages + [
+            s for i, s in sorted(previous.items()) if i > stage_plan.index])
+    pipeline = _write(out_dir, whole, ckpt, settings, plan_data, settings_record, stages)
+    return pipeline, outcomes
+
+
+def _write(out_dir: Path, whole, ckpt, settings: StageExportSettings, plan_data: dict, settings_record: dict,
+           stages: list[StageFiles]) -> Pipeline:
+    reference = json.loads(whole.relative_to(out_dir.resolve()).to_json())
+    pipeline = Pipeline(model=reference, model_type=ckpt.model_type, num_layers=ckpt.num_layers, graph=settings.graph,
+                        settings=settings_record, plan=plan_data, stages=stages, links=_links(stages),
+                        tool_version=__version__)
+    write_manifest(pipeline.to_dict(), out_dir / PIPELINE_NAME)
+    return pipeline
+
+
+def _export_one(reference, settings: StageExportSettings, path: Path, index: int, count: int,
+                progress_bytes: int | None):
+    from dsa_export.export.exporter import export_to_file
+    from dsa_export.sources import resolve
+
+    source = resolve(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
+                     seed=settings.export.seed, dtype=settings.export.dtype)
+    bar = None
+    if progress_bytes is not None:
+        from tqdm import tqdm
+
+        # The planner's weight bytes: what the stage writes, give or take precision-kept tensors.
+        bar = tqdm(total=progress_bytes, unit="B", unit_scale=True, unit_divisor=1024, leave=True,
+                   desc=f"stage {index + 1}/{count} layers {reference.layers[0]}:{reference.layers[1]}")
+
+    def step(name: str, nbytes: int) -> None:
+        if bar is not None:
+            layer = name.split("layers.")[1].split(".")[0] if "layers." in name else name.split(".")[-2]
+            bar.set_postfix_str(f"layer {layer}", refresh=False)
+            bar.update(nbytes)
+
+    try:
+        return export_to_file(source, settings.export, path, progress=step)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def stage_table(outcomes: list[StageOutcome]) -> str:
+    """One line per stage: layers, status, time, ONNX weight bytes next to the checkpoint's."""
+    rows = [f"{'stage':>5}  {'layers':<9} {'status':<9} {'time':>8}  {'onnx weights':>12}  {'checkpoint':>12}"]
+    for o in outcomes:
+        rows.append(f"{o.index:>5}  {f'{o.layers[0]}:{o.layers[1]}':<9} {o.status:<9} {o.seconds:>7.1f}s  "
+                    f"{human_bytes(o.weight_bytes):>12}  {human_bytes(o.checkpoint_bytes):>12}")
+    return "\n".join(rows)
+
+
+def human_bytes(n: int) -> str:
+    """``12.3 GiB``, ``456.0 MiB``, ``789 B``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
