@@ -30,6 +30,9 @@ from dsa_export.errors import DSAUsageError
               help="Also put Q/DQ on the q and k inputs of every DSAIndexerTopK (default: the recipe's).")
 @click.option("--keep-indexer-projections/--quantize-indexer-projections", default=None,
               help="Keep the indexer's q/k projections (wq_b, wk) in high precision (default: the recipe's).")
+@click.option("--experts", type=click.Choice(["int8", "fp8", "keep"]), default=None,
+              help="Routed MoE experts: int8 (per expert per output channel), fp8 (the FP8 experts op, block "
+                   "scales per expert) or keep (high precision). Default: the recipe's, else --precision.")
 @click.option("--recipe", type=click.Path(dir_okay=False), default=None,
               help="A calibration recipe (default: the bundled one matching the file).")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -42,13 +45,16 @@ from dsa_export.errors import DSAUsageError
               help="Also write the accuracy report as JSON here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
-            quantize_indexer, keep_indexer_projections, recipe, cache, from_cache, trt_version, report, progress) -> None:
+            quantize_indexer, keep_indexer_projections, experts, recipe, cache, from_cache, trt_version, report,
+            progress) -> None:
     """Calibrate ONNX_FILE (an fp32 export) and write it with explicit QuantizeLinear/DequantizeLinear.
 
     Q/DQ goes on MatMul/Gemm inputs only (weights per-channel, activations per-tensor, both
-    symmetric); the dsa nodes, softmax, norms and the indexer's head-weight path stay in high
-    precision. Prints the accuracy report (cosine, SQNR, top-k overlap per DSA layer) and exits 1
-    when it fails its thresholds (the files are still written, for inspection).
+    symmetric); the routed MoE experts get per-expert weight quantization; the dsa attention
+    nodes, softmax, norms, the indexer's head-weight path and the MoE routers stay in high
+    precision. Prints the accuracy report (cosine, SQNR, top-k overlap per DSA layer, router
+    agreement per MoE layer) and exits 1 when it fails its thresholds (the files are still
+    written, for inspection).
     """
     from dsa_export.errors import DSAUserError
     from dsa_export.quantize import QuantizeSettings, quantize, save
@@ -64,7 +70,7 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     settings = QuantizeSettings(
         precision=precision, method=method, data=data, samples=samples, percentile=percentile,
         exclude=tuple(exclude), quantize_indexer=quantize_indexer,
-        keep_indexer_projections=keep_indexer_projections, recipe=recipe, from_cache=from_cache,
+        keep_indexer_projections=keep_indexer_projections, experts=experts, recipe=recipe, from_cache=from_cache,
         progress=progress,
     )
     if cache is not None and (precision or "int8") != "int8":
@@ -72,9 +78,16 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     result = quantize(onnx_file, settings)
     save(result, output, cache=cache, report=report, trt_version=trt_version)
     r = result.recipe
+    moe = result.placement.moe
+    experts = ""
+    if moe.routing:
+        forms = {"int8": "int8 per expert per output channel", "fp8": "FP8 (e4m3) with per-expert block scales"}
+        quantized = len(moe.targets)
+        experts = (f"routed experts of {quantized} of {len(moe.routing)} MoE layers {forms[r.experts_mode]}, "
+                   if quantized else f"routed experts of {len(moe.routing)} MoE layers kept in high precision, ")
     click.echo(
         f"Wrote {output}: {r.precision} Q/DQ on {len(result.placement.targets)} MatMul/Gemm nodes "
-        f"({len(result.placement.skipped)} kept in high precision), "
+        f"({len(result.placement.skipped)} kept in high precision), {experts}"
         + (f"scales from {from_cache}" if from_cache else f"{r.method} over {result.calibration_samples} samples")
         + f", recipe '{r.name}'."
     )

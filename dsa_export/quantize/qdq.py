@@ -10,8 +10,12 @@ quantized weight initializer (per output channel, symmetric). Nothing else is qu
   MLA's absorbed query projection) have no weight initializer and stay in high precision;
 * the indexer's head-weight path (``weights_proj``, the MatMul feeding the ``w`` input of
   ``DSAIndexerTopK``) stays in high precision, as DeepSeek-V3.2 keeps it in FP32;
-* an MoE router (a MatMul whose scores reach a TopK through elementwise ops) stays in high
-  precision: its expert choice is as discrete as the indexer's.
+* an MoE router stays in high precision: its expert choice is as discrete as the indexer's. In
+  plugin-mode files it is the first MatMul/Gemm upstream of a routed-experts node's ``topk_ids`` /
+  ``topk_weights``; elsewhere (native files, transformers' own experts) a MatMul whose scores reach
+  a standard TopK through elementwise, shape and masking ops;
+* the routed experts (``dsa::DSAMoEExperts``) are quantized per expert by :mod:`.experts`; the
+  shared experts are plain MatMuls and get the treatment above.
 """
 
 from __future__ import annotations
@@ -25,9 +29,24 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK
+from dsa_export.quantize.experts import (
+    ExpertsTarget,
+    MoEPlacement,
+    expert_function_updates,
+    find_experts,
+    rewrite_experts,
+)
+from dsa_export.quantize.graph import (
+    FLOAT_TYPES,
+    node_name,
+    numpy_float,
+    opset_of,
+    set_opset,
+    upstream_matmuls,
+    zero_point,
+)
 from dsa_export.quantize.precision import Precision
 
-FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 DEFAULT_OP_TYPES = ("MatMul", "Gemm")
 
 
@@ -58,6 +77,12 @@ class Placement:
     targets: list[QuantTarget] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     indexers: list[IndexerInputs] = field(default_factory=list)
+    #: routed-experts nodes whose stacks get quantized, and every MoE layer's routing
+    moe: MoEPlacement = field(default_factory=MoEPlacement)
+
+    @property
+    def experts(self) -> list[ExpertsTarget]:
+        return self.moe.targets
 
     @property
     def activations(self) -> list[str]:
@@ -82,31 +107,10 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _node_name(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type}_{index}"
-
-
-def _head_weight_matmuls(graph: onnx.GraphProto, w_input: str, op_types: tuple[str, ...]) -> set[int]:
-    """Indices of the first MatMul/Gemm nodes upstream of ``w_input`` (an indexer input)."""
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output}
-    found, seen, stack = set(), set(), [w_input]
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in producer:
-            continue
-        seen.add(name)
-        index = producer[name]
-        node = graph.node[index]
-        if node.op_type in op_types:
-            found.add(index)
-            continue
-        stack.extend(i for i in node.input if i)
-    return found
-
-
 #: Ops a router's scores pass through between its MatMul and the TopK that picks experts.
+#: ``Where`` is transformers' group masking (``masked_fill``) in front of the expert TopK.
 _ROUTER_PATH_OPS = {"Sigmoid", "Softmax", "Add", "Mul", "Div", "Cast", "Reshape", "View", "Squeeze", "Unsqueeze",
-                    "Transpose", "ReduceSum", "Sub", "Flatten"}
+                    "Transpose", "ReduceSum", "Sub", "Flatten", "Where", "Expand"}
 
 
 def _feeds_topk(graph: onnx.GraphProto, output: str, depth: int = 6) -> bool:
@@ -134,10 +138,12 @@ def plan(
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES,
     exclude: tuple[str, ...] = (),
     keep_indexer_projections: bool = False,
+    quantize_experts: bool = True,
 ) -> Placement:
     """Decide which MatMul/Gemm nodes get Q/DQ. ``exclude`` holds fnmatch patterns matched
     against node names, their output names and their weight names; ``keep_indexer_projections``
-    also keeps the indexer's q/k projections (``wq_b``, ``wk``) in high precision."""
+    also keeps the indexer's q/k projections (``wq_b``, ``wk``) in high precision;
+    ``quantize_experts`` false keeps the routed-experts stacks as they are."""
     graph = model.graph
     types = tensor_types(model)
     initializers = {i.name: i for i in graph.initializer}
@@ -146,15 +152,17 @@ def plan(
     projections: set[int] = set()
     for i, node in enumerate(graph.node):
         if node.domain == DOMAIN and node.op_type == INDEXER_TOPK.name and len(node.input) >= 3:
-            placement.indexers.append(IndexerInputs(_node_name(node, i), node.input[0], node.input[1], node.input[2]))
-            head_weight |= _head_weight_matmuls(graph, node.input[2], op_types)
+            placement.indexers.append(IndexerInputs(node_name(node, i), node.input[0], node.input[1], node.input[2]))
+            head_weight |= upstream_matmuls(graph, node.input[2], op_types)
             if keep_indexer_projections:
                 for value in node.input[:2]:
-                    projections |= _head_weight_matmuls(graph, value, op_types)
+                    projections |= upstream_matmuls(graph, value, op_types)
+    placement.moe = find_experts(model, op_types, exclude, quantize_experts)
+    placement.skipped.update(placement.moe.skipped)
     for i, node in enumerate(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type not in op_types:
             continue
-        name = _node_name(node, i)
+        name = node_name(node, i)
         activation, weight = node.input[0], node.input[1]
         keys = [name, *node.output, weight]
         pattern = next((p for p in exclude if any(fnmatch.fnmatchcase(k, p) for k in keys)), None)
@@ -165,6 +173,9 @@ def plan(
             placement.skipped[name] = "indexer head-weight path (kept in high precision)"
         elif i in projections:
             placement.skipped[name] = "indexer q/k projection (kept in high precision by the recipe)"
+        elif i in placement.moe.routers:
+            placement.skipped[name] = (f"MoE router of {placement.moe.routers[i]} (picks the experts; kept in "
+                                       "high precision)")
         elif _feeds_topk(graph, node.output[0]):
             placement.skipped[name] = "MoE router (feeds a TopK; kept in high precision)"
         elif weight not in initializers or activation in initializers:
@@ -181,28 +192,8 @@ def plan(
     return placement
 
 
-def _set_opset(model: onnx.ModelProto, minimum: int) -> None:
-    """Raise the standard-domain opset of the graph and of every local function to ``minimum``.
-
-    Only used to reach opset 19 for float8/fp16 Q/DQ; the ops our exports use do not change
-    meaning between 18 and 19 (19 adds types and Cast's ``saturate``, default on).
-    """
-    for imports in (model.opset_import, *(f.opset_import for f in model.functions)):
-        for entry in imports:
-            if entry.domain in ("", "ai.onnx") and entry.version < minimum:
-                entry.version = minimum
-
-
 def _scalar(name: str, value, elem_type: int) -> TensorProto:
     return helper.make_tensor(name, elem_type, [], [float(value)] if elem_type in FLOAT_TYPES else [int(value)])
-
-
-def _zero_point(name: str, precision: Precision, shape: tuple[int, ...] = ()) -> TensorProto:
-    return numpy_helper.from_array(np.zeros(shape, dtype=precision.numpy_type), name)
-
-
-def _numpy_float(elem_type: int):
-    return {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}.get(elem_type, np.float32)
 
 
 def insert_qdq(
@@ -211,12 +202,18 @@ def insert_qdq(
     activation_scales: dict[str, np.float32],
     precision: Precision,
     extra_activations: dict[str, list[int]] | None = None,
+    experts_precision: Precision | None = None,
+    expert_block_size: int = 128,
+    expert_scale_pow2: bool = False,
 ) -> onnx.ModelProto:
     """A copy of ``model`` with Q/DQ per ``placement``.
 
     ``activation_scales`` gives the per-tensor scale of every activation (already amax/qmax).
     ``extra_activations`` maps further tensors (the indexer's q/k when asked) to the indices of
-    the nodes whose inputs should read them through Q/DQ.
+    the nodes whose inputs should read them through Q/DQ. The routed experts of
+    ``placement.experts`` are written in ``experts_precision`` (default: ``precision``), FP8 ones
+    in blocks of at most ``expert_block_size``, with power-of-two scales if ``expert_scale_pow2``
+    (see :mod:`.experts`).
     """
     out = copy.deepcopy(model)
     graph = out.graph
@@ -241,7 +238,7 @@ def insert_qdq(
             continue
         tensor = initializers[target.weight]
         values = numpy_helper.to_array(tensor)
-        float_type = _numpy_float(tensor.data_type)
+        float_type = numpy_float(tensor.data_type)
         if tensor.data_type != TensorProto.FLOAT:
             needs_opset = max(needs_opset, 19)
         reduce_axis = 1 - target.weight_axis
@@ -254,13 +251,19 @@ def insert_qdq(
         new_inits += [
             numpy_helper.from_array(quantized, f"{base}_quantized"),
             numpy_helper.from_array(scale.astype(float_type), f"{base}_scale"),
-            _zero_point(f"{base}_zero_point", precision, scale.shape),
+            zero_point(f"{base}_zero_point", precision.numpy_type, scale.shape),
         ]
         weight_nodes.append(helper.make_node(
             "DequantizeLinear", [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
             [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", axis=target.weight_axis,
         ))
         dequantized_weight[target.weight] = f"{base}_dequantized"
+
+    experts = rewrite_experts(graph, placement.experts, experts_precision or precision, expert_block_size,
+                              expert_scale_pow2)
+    new_inits += experts.initializers
+    weight_nodes += experts.weight_nodes
+    needs_opset = max(needs_opset, experts.min_opset)
 
     act_nodes: dict[str, list[onnx.NodeProto]] = {}
     for name in sorted(readers):
@@ -269,7 +272,7 @@ def insert_qdq(
             needs_opset = max(needs_opset, 19)
         new_inits += [
             _scalar(f"{name}_scale", activation_scales[name], elem_type),
-            _zero_point(f"{name}_zero_point", precision),
+            zero_point(f"{name}_zero_point", precision.numpy_type),
         ]
         act_nodes[name] = [
             helper.make_node("QuantizeLinear", [name, f"{name}_scale", f"{name}_zero_point"],
@@ -303,5 +306,7 @@ def insert_qdq(
     kept = [i for i in graph.initializer if i.name in still_used]
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
-    _set_opset(out, needs_opset)
+    set_opset(out, needs_opset)
+    if placement.experts:
+        expert_function_updates(out, opset_of(out))
     return out

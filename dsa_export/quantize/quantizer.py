@@ -20,6 +20,7 @@ from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.fileio import atomic_output
 from dsa_export.quantize import cache as trt_cache
 from dsa_export.quantize.calibrate import Feed, check_feeds, collect_amax, input_specs, load_feeds
+from dsa_export.quantize.experts import expert_forms, experts_table
 from dsa_export.quantize.fp8 import E4M3_MAX
 from dsa_export.quantize.precision import get_precision
 from dsa_export.quantize.qdq import Placement, insert_qdq, plan
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 META_QUANT = "dsa_export.quantization"
 META_INDEXER_SCALES = "dsa_export.indexer_scales"
+META_MOE = "dsa_export.moe_experts"
+META_OPS = "dsa_export.op_versions"
 META_SPEC = "dsa_export.reference"
 META_CONFIG = "dsa_export.model_config"
 BUILTIN_DATA = "builtin"
@@ -40,7 +43,7 @@ class QuantizeSettings:
     """What ``calibrate`` was asked; ``None`` takes the recipe's value (then :data:`DEFAULTS`).
 
     Attributes:
-        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections:
+        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections, experts:
             override the recipe.
         exclude: extra fnmatch patterns of nodes kept in high precision (added to the recipe's).
         data: a folder of .npz/.npy files, a Polygraphy data-loader script (``file.py[:func]``), or
@@ -59,6 +62,7 @@ class QuantizeSettings:
     exclude: tuple[str, ...] = ()
     quantize_indexer: bool | None = None
     keep_indexer_projections: bool | None = None
+    experts: str | None = None
     recipe: str | None = None
     from_cache: str | None = None
     report: bool = True
@@ -75,6 +79,8 @@ class QuantizeResult:
     indexer_scales: dict[str, dict] = field(default_factory=dict)
     report: AccuracyReport | None = None
     calibration_samples: int = 0
+    #: per routed-experts node: its weight form, router and input range (``dsa_export.moe_experts``)
+    experts: dict[str, dict] = field(default_factory=dict)
 
     def cache(self, trt_version: str = trt_cache.DEFAULT_TRT_VERSION) -> trt_cache.CalibrationCache:
         """The TensorRT 10 INT8 cache of every activation that carries Q/DQ."""
@@ -109,12 +115,15 @@ def resolve_recipe(model: onnx.ModelProto, settings: QuantizeSettings) -> Recipe
                 model_type = json.loads(meta[META_CONFIG]).get("model_type")
             except (json.JSONDecodeError, AttributeError):
                 model_type = None
-        recipe = find_recipe(meta.get(META_SPEC), model_type)
+        from dsa_export.model_ref import from_metadata
+
+        recorded = from_metadata(meta.get(META_SPEC), None)
+        recipe = find_recipe(recorded.describe() if recorded is not None else None, model_type)
     overrides = {
         key: value for key, value in (
             ("precision", settings.precision), ("method", settings.method), ("samples", settings.samples),
             ("percentile", settings.percentile), ("quantize_indexer", settings.quantize_indexer),
-            ("keep_indexer_projections", settings.keep_indexer_projections),
+            ("keep_indexer_projections", settings.keep_indexer_projections), ("experts", settings.experts),
         ) if value is not None
     }
     if settings.exclude:
@@ -160,15 +169,17 @@ def _data(settings: QuantizeSettings, recipe: Recipe, model: onnx.ModelProto) ->
     return feeds, labels
 
 
-def _generated_eval_inputs(model: onnx.ModelProto, recipe: Recipe) -> tuple[list[Feed], list[str]]:
-    spec = _metadata(model).get(META_SPEC)
-    if not spec:
-        return [], []
+def _generated_eval_inputs(model: onnx.ModelProto, recipe: Recipe, folder: Path) -> tuple[list[Feed], list[str]]:
+    from dsa_export.model_ref import from_metadata
     from dsa_export.sources import resolve
 
+    reference = from_metadata(_metadata(model).get(META_SPEC), folder)
+    if reference is None:
+        return [], []
+    spec = reference.describe()
     ev = recipe.eval_inputs
     try:
-        source = resolve(spec, batch=ev.batch, seq_len=ev.seq_lens[0], seed=ev.seed)
+        source = resolve(reference, batch=ev.batch, seq_len=ev.seq_lens[0], seed=ev.seed)
     except DSAUserError as exc:  # e.g. a reference this installation cannot rebuild
         log.warning("cannot generate held-out inputs from '%s' (%s)", spec, exc)
         return [], []
@@ -210,11 +221,12 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     model = _load_model(path)
     recipe = resolve_recipe(model, settings)
     precision = get_precision(recipe.precision)
-    placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections)
+    placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections,
+                     quantize_experts=recipe.experts_mode != "keep")
     if not placement.indexers:
         log.warning("'%s' has no dsa::DSAIndexerTopK nodes, so the indexer's head weights cannot be told apart "
                     "and no top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.", path)
-    if not placement.targets:
+    if not placement.targets and not placement.experts:
         raise DSAUserError(f"'{path}' has no {'/'.join(recipe.op_types)} with a weight initializer left to quantize.")
 
     extra: dict[str, list[int]] = {}
@@ -254,15 +266,25 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     else:
         if not calib_feeds:
             raise DSAUserError("calibration needs data; pass --data DIR, a data-loader script, or --data builtin.")
-        tensors = sorted({*placement.activations, *placement.indexer_activations, *extra})
+        # The experts' inputs are observed to be recorded (weight-only: they get no Q/DQ).
+        tensors = sorted({*placement.activations, *placement.indexer_activations, *extra,
+                          *(t.x for t in placement.experts)})
         amax = collect_amax(path, calib_feeds, tensors, recipe.method, recipe.percentile, recipe.num_bins,
                             progress=settings.progress)
         scales = {n: precision.scale(amax[n])[()] for n in sorted({*placement.activations, *extra})}
         calibration_samples = len(calib_feeds)
 
-    qmodel = insert_qdq(model, placement, scales, precision, extra)
+    experts_precision = get_precision(recipe.experts_mode) if placement.experts else precision
+    qmodel = insert_qdq(model, placement, scales, precision, extra, experts_precision, recipe.expert_block_size,
+                        recipe.expert_scale_pow2)
     indexer_scales = indexer_scale_table(placement, amax)
     _set_metadata(qmodel, META_INDEXER_SCALES, json.dumps(indexer_scales, sort_keys=True))
+    experts = experts_table(placement.moe, expert_forms(qmodel, placement.experts, recipe.expert_scale_pow2), amax,
+                            {"int8": 127.0, "fp8_e4m3": E4M3_MAX})
+    if placement.moe.routing:
+        _set_metadata(qmodel, META_MOE, json.dumps(experts, sort_keys=True))
+        used = sorted({n.op_type for n in qmodel.graph.node if n.domain == "dsa"})
+        _set_metadata(qmodel, META_OPS, json.dumps({name: 1 for name in used}))
     _set_metadata(qmodel, META_QUANT, json.dumps({
         "precision": recipe.precision,
         "method": "trt-cache" if settings.from_cache else recipe.method,
@@ -273,7 +295,10 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         "high_precision_nodes": placement.skipped,
         "quantize_indexer": recipe.quantize_indexer,
         "keep_indexer_projections": recipe.keep_indexer_projections,
-        "placement": "weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only",
+        "quantized_experts": [t.node for t in placement.experts],
+        "experts": recipe.experts_mode if placement.experts else None,
+        "placement": "weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only; "
+                     "routed experts weight-only, per expert (see dsa_export.moe_experts)",
     }, sort_keys=True))
     try:
         onnx.checker.check_model(qmodel, full_check=True)
@@ -283,7 +308,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     report = None
     if settings.report:
         if not held_out:
-            held_out, held_labels = _generated_eval_inputs(model, recipe)
+            held_out, held_labels = _generated_eval_inputs(model, recipe, path.resolve().parent)
         if held_out:
             report = accuracy_report(
                 model, qmodel, held_out, held_labels, model_name=str(path), precision=recipe.precision,
@@ -293,7 +318,8 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         else:
             log.warning("no held-out inputs (all data went to calibration and the file names no reference "
                         "model), so no accuracy report; give more samples than --samples.")
-    return QuantizeResult(qmodel, recipe, placement, scales, amax, indexer_scales, report, calibration_samples)
+    return QuantizeResult(qmodel, recipe, placement, scales, amax, indexer_scales, report, calibration_samples,
+                          experts)
 
 
 def save(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dsa_export.errors import DSAUserError
 from dsa_export.quantize.calibrate import METHODS
+from dsa_export.quantize.experts import EXPERT_MODES
 from dsa_export.quantize.report import Thresholds
 
 #: ``calibration/`` of a source checkout (the package sits next to it).
@@ -46,6 +47,14 @@ class Recipe:
         quantize_indexer: also put Q/DQ on the q and k inputs of every DSAIndexerTopK.
         keep_indexer_projections: keep the indexer's q/k projections (wq_b, wk) in high precision;
             they are small, and the top-k selection downstream of them is load-bearing.
+        experts: the routed experts' weights: ``int8`` (per expert per output channel, Q/DQ on
+            the stacks), ``fp8`` (the FP8 experts op, per expert block scales), ``keep`` (high
+            precision); None follows ``precision``. See docs/quantize.md.
+        expert_block_size: largest edge of an FP8 expert scale block (halved until it divides
+            the hidden and intermediate sizes; 128 for DeepSeek-V3.2 and GLM-5).
+        expert_scale_pow2: round FP8 expert scales up to a power of two, as DeepSeek's checkpoints
+            store them (``scale_fmt: ue8m0``): a dequantized DeepSeek export then gets its FP8
+            expert bytes back exactly.
         data: the bundled data folder, relative to the recipe (what ``--data builtin`` means).
         thresholds: pass marks of the accuracy report.
         eval_inputs: how held-out inputs are generated from the reference model.
@@ -64,11 +73,19 @@ class Recipe:
     exclude: tuple[str, ...] = ()
     quantize_indexer: bool = False
     keep_indexer_projections: bool = False
+    experts: str | None = None
+    expert_block_size: int = 128
+    expert_scale_pow2: bool = False
     data: str | None = None
     thresholds: Thresholds = Thresholds()
     eval_inputs: EvalInputs = EvalInputs()
     match: dict = field(default_factory=dict, compare=False)
     path: Path | None = None
+
+    @property
+    def experts_mode(self) -> str:
+        """``int8``, ``fp8`` or ``keep``: what happens to the routed experts."""
+        return self.experts or self.precision
 
     @property
     def data_dir(self) -> Path | None:
@@ -85,6 +102,10 @@ class Recipe:
             raise DSAUserError(f"{where}: method '{self.method}' is unknown; use one of {', '.join(METHODS)}.")
         if not 0 < self.percentile <= 100:
             raise DSAUserError(f"{where}: percentile {self.percentile} is outside (0, 100].")
+        if self.experts is not None and self.experts not in EXPERT_MODES:
+            raise DSAUserError(f"{where}: experts '{self.experts}' is unknown; use one of {', '.join(EXPERT_MODES)}.")
+        if self.expert_block_size < 1:
+            raise DSAUserError(f"{where}: expert_block_size must be at least 1.")
         if self.samples < 1 or self.num_bins < 128 or self.eval_samples < 0:
             raise DSAUserError(f"{where}: samples must be >= 1, eval_samples >= 0 and num_bins >= 128.")
         return self

@@ -2,8 +2,11 @@
 
 Per model output: cosine similarity and SQNR (signal-to-quantization-noise ratio, dB) over all
 held-out inputs together. Per DSA layer: the overlap of the top-k selection, because the sparse
-pattern is load-bearing (a key the quantized indexer drops is invisible to the attention). The
-``DSAIndexerTopK`` outputs are exposed as extra graph outputs in temporary copies of both files.
+pattern is load-bearing (a key the quantized indexer drops is invisible to the attention). Per MoE
+layer: the router's top-k agreement, the share of tokens whose set of selected experts is the
+float model's (a token sent to another expert gets another function). The ``DSAIndexerTopK``
+outputs and the experts nodes' ``topk_ids`` inputs are exposed as extra graph outputs in temporary
+copies of both files.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK
+from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, MOE_EXPERTS, MOE_EXPERTS_FP8
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Thresholds:
     cosine: float = 0.99
     sqnr_db: float = 15.0
     topk_overlap: float = 0.95
+    router_agreement: float = 0.9
 
 
 @dataclass
@@ -50,6 +54,16 @@ class TopkOverlap:
 
 
 @dataclass
+class RouterAgreement:
+    layer: int
+    node: str
+    agreement: float  # share of token rows whose selected expert set equals the fp32 model's
+    overlap: float  # mean over rows of |experts_q & experts_fp32| / |experts_fp32|
+    rows: int
+    passed: bool
+
+
+@dataclass
 class AccuracyReport:
     model: str
     precision: str
@@ -59,6 +73,7 @@ class AccuracyReport:
     thresholds: Thresholds
     outputs: list[OutputAccuracy] = field(default_factory=list)
     topk: list[TopkOverlap] = field(default_factory=list)
+    router: list[RouterAgreement] = field(default_factory=list)
     passed: bool = False
 
     def to_dict(self) -> dict:
@@ -81,9 +96,18 @@ class AccuracyReport:
             for k in self.topk:
                 label = f"{k.layer} ({k.node})"
                 lines.append(f"{label:<34} {k.overlap:>13.4f} {k.worst_row:>10.4f} {k.rows:>6}  {'PASS' if k.passed else 'FAIL'}")
+        if self.router:
+            header = f"{'MoE layer (experts node)':<34} {'router agreement':>16} {'overlap':>8} {'rows':>6}  result"
+            lines.append(header)
+            for r in self.router:
+                label = f"{r.layer} ({r.node})"
+                verdict = "PASS" if r.passed else "FAIL"
+                lines.append(f"{label:<34} {r.agreement:>16.4f} {r.overlap:>8.4f} {r.rows:>6}  {verdict}")
         verdict = "PASSED" if self.passed else "FAILED"
         marks = f"cosine >= {t.cosine:g}, SQNR >= {t.sqnr_db:g} dB"
         marks += f", top-k overlap >= {t.topk_overlap:g}" if self.topk else " (no DSAIndexerTopK nodes: no top-k overlap)"
+        if self.router:
+            marks += f", router agreement >= {t.router_agreement:g}"
         lines.append(f"{verdict}: {marks}")
         return "\n".join(lines)
 
@@ -132,6 +156,31 @@ def selection_overlap(reference: np.ndarray, quantized: np.ndarray, num_keys: in
     return (ref_mask & qnt_mask).sum(axis=1)[keep] / selected[keep]
 
 
+def router_agreement(reference: np.ndarray, quantized: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per token row: whether the selected expert sets are equal, and the share of the reference's
+    experts the other also selects. Rows are sets (slot order is unspecified); ids outside
+    ``[0, num_experts)`` (-1) are empty slots."""
+    ref = reference.reshape(-1, reference.shape[-1]).astype(np.int64)
+    qnt = quantized.reshape(-1, quantized.shape[-1]).astype(np.int64)
+    ref_mask = np.zeros((ref.shape[0], num_experts + 1), dtype=bool)
+    qnt_mask = np.zeros((qnt.shape[0], num_experts + 1), dtype=bool)
+    np.put_along_axis(ref_mask, np.where((ref >= 0) & (ref < num_experts), ref, num_experts), True, axis=1)
+    np.put_along_axis(qnt_mask, np.where((qnt >= 0) & (qnt < num_experts), qnt, num_experts), True, axis=1)
+    ref_mask, qnt_mask = ref_mask[:, :num_experts], qnt_mask[:, :num_experts]
+    equal = (ref_mask == qnt_mask).all(axis=1)
+    selected = np.maximum(ref_mask.sum(axis=1), 1)
+    return equal, (ref_mask & qnt_mask).sum(axis=1) / selected
+
+
+def experts_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(node name, topk_ids input) of every routed-experts node (plain or FP8), in graph order."""
+    return [
+        (node.name or f"{node.op_type}_{i}", node.input[1])
+        for i, node in enumerate(model.graph.node)
+        if node.domain == DOMAIN and node.op_type in (MOE_EXPERTS.name, MOE_EXPERTS_FP8.name)
+    ]
+
+
 def indexer_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(node name, output name) of every DSAIndexerTopK node, in graph order."""
     return [
@@ -142,11 +191,12 @@ def indexer_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
 
 def with_indexer_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` that also returns every indexer's selected indices."""
+    """A copy of ``model`` that also returns every indexer's selected indices and every routed-experts
+    node's ``topk_ids``."""
     out = copy.deepcopy(model)
     existing = {o.name for o in out.graph.output}
     value_infos = {v.name: v for v in out.graph.value_info}
-    for _, name in indexer_nodes(out):
+    for _, name in indexer_nodes(out) + experts_nodes(out):
         if name in existing:
             continue
         if name in value_infos:
@@ -181,6 +231,9 @@ def accuracy_report(
     """Run both models in ONNX Runtime on ``feeds`` and judge outputs and top-k selections."""
     outputs = [o.name for o in reference.graph.output]
     indexers = indexer_nodes(reference)
+    moe_ref, moe_q = experts_nodes(reference), experts_nodes(quantized)
+    if len(moe_ref) != len(moe_q):  # a bug in the rewrite, not in the user's file
+        raise RuntimeError(f"the Q/DQ model has {len(moe_q)} routed-experts nodes, the model {len(moe_ref)}")
     with tempfile.TemporaryDirectory(prefix="dsa-report-") as tmp:
         ref_runs = _run_all(with_indexer_outputs(reference), feeds, Path(tmp), "reference")
         q_runs = _run_all(with_indexer_outputs(quantized), feeds, Path(tmp), "quantized")
@@ -205,6 +258,21 @@ def accuracy_report(
             layer=layer, node=node, overlap=mean, worst_row=float(overlap.min()) if overlap.size else 1.0,
             rows=int(overlap.size), passed=mean >= thresholds.topk_overlap,
         ))
-    report.passed = all(o.passed for o in report.outputs) and all(k.passed for k in report.topk)
+    for layer, ((node, ref_name), (_, q_name)) in enumerate(zip(moe_ref, moe_q)):
+        equal, overlap = [], []
+        for r, q in zip(ref_runs, q_runs):
+            num_experts = int(max(r[ref_name].max(initial=-1), q[q_name].max(initial=-1)) + 1)
+            e, o = router_agreement(r[ref_name], q[q_name], num_experts)
+            equal.append(e)
+            overlap.append(o)
+        same = np.concatenate(equal) if equal else np.zeros(0, bool)
+        share = float(same.mean()) if same.size else 1.0
+        report.router.append(RouterAgreement(
+            layer=layer, node=node, agreement=share,
+            overlap=float(np.concatenate(overlap).mean()) if same.size else 1.0, rows=int(same.size),
+            passed=share >= thresholds.router_agreement,
+        ))
+    report.passed = (all(o.passed for o in report.outputs) and all(k.passed for k in report.topk)
+                     and all(r.passed for r in report.router))
     return report
 

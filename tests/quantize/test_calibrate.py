@@ -121,3 +121,8 @@ def test_recipes_match_by_reference_or_model_type_and_reject_unknown_fields(tmp_
     bad.write_text('{"method": "kl"}')
     with pytest.raises(DSAUserError, match="method 'kl' is unknown"):
         load_recipe(bad)
+    bad.write_text('{"experts": "int4"}')
+    with pytest.raises(DSAUserError, match="experts 'int4' is unknown; use one of int8, fp8, keep"):
+        load_recipe(bad)
+    assert find_recipe("builtin:tiny-moe", None).name == "tiny"
+    assert find_recipe(None, "deepseek_v32").experts_mode == "fp8" and DEFAULTS.experts_mode == "int8"
