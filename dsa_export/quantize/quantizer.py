@@ -215,6 +215,29 @@ def indexer_scale_table(placement: Placement, amax: dict[str, float]) -> dict[st
     return table
 
 
+def _check_indexer_qdq_opset(model: onnx.ModelProto, recipe: Recipe, placement: Placement, indexer_qdq: bool) -> None:
+    """Refuse INT8 Q/DQ on the indexer's inputs in a file that ends up at opset 21 or later.
+
+    Measured with ONNX Runtime 1.32: its QDQ propagation moves an int8 ``QuantizeLinear`` ->
+    ``DequantizeLinear`` pair across the ``Reshape`` / ``Transpose`` inside the inlined indexer
+    body and, from opset 21 on, writes a QuantizeLinear whose ``output_dtype`` (INT8) contradicts
+    its zero point (UINT8), so the session does not load (2-D weights and the INT8 expert stacks,
+    dequantized from initializers, are not affected). FP8 experts raise a file to opset 21.
+    """
+    from dsa_export.quantize.graph import opset_of
+
+    if not indexer_qdq or recipe.precision != "int8":
+        return
+    fp8_experts = bool(placement.experts) and recipe.experts_mode == "fp8"
+    if opset_of(model) >= 21 or fp8_experts:
+        cause = "FP8 experts make the file opset 21" if fp8_experts else f"the file is opset {opset_of(model)}"
+        raise DSAUserError(
+            f"INT8 Q/DQ on the indexer's q/k (--quantize-indexer) cannot run in ONNX Runtime at opset 21 or later "
+            f"(its QDQ propagation breaks the int8 pair inside the indexer body) and {cause}; drop "
+            "--quantize-indexer, or keep the experts out of FP8 (--experts int8 or keep)."
+        )
+
+
 def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) -> QuantizeResult:
     """Calibrate ``path`` (an fp32 export, plugin or native) and return its Q/DQ model and report."""
     path = Path(path)
@@ -235,6 +258,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
             if any(ix.node == (node.name or f"{node.op_type}_{i}") for ix in placement.indexers):
                 extra.setdefault(node.input[0], []).append(i)
                 extra.setdefault(node.input[1], []).append(i)
+    _check_indexer_qdq_opset(model, recipe, placement, bool(extra))
 
     feeds: list[Feed] = []
     labels: list[str] = []

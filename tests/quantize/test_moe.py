@@ -299,3 +299,13 @@ def test_broken_calibration_fails_on_router_agreement(moe_exported, tmp_path):
     assert all(r["agreement"] < 0.9 for r in data["router"])
     failing = [line for line in result.stdout.splitlines() if line.endswith("FAIL")]
     assert [line.split()[1] for line in failing] == ["(node_moe_experts)", "(node_moe_experts_1)"]
+
+
+def test_int8_indexer_qdq_with_fp8_experts_is_refused_before_any_work(moe_exported, tmp_path):
+    """ONNX Runtime 1.32 cannot load INT8 Q/DQ on the indexer's inputs at opset 21 (the FP8 experts'
+    opset): say so instead of failing inside the report."""
+    from dsa_export.errors import DSAUserError
+    from dsa_export.quantize import QuantizeSettings, quantize
+
+    with pytest.raises(DSAUserError, match="drop --quantize-indexer, or keep the experts out of FP8"):
+        quantize(moe_exported, QuantizeSettings(data="builtin", quantize_indexer=True, experts="fp8"))
