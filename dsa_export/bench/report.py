@@ -149,3 +149,75 @@ def environment_lines(report: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     """A results file: environment, then the tables of :func:`render` as Markdown."""
     return "\n".join(["# dsa-export bench results", "", *environment_lines(report), "", render(report, markdown=True), ""])
+
+
+def _moe_cell(case: dict | None) -> str:
+    """``ms (MiB)`` of one MoE case: time and the peak memory of one call side by side."""
+    if case is None:
+        return "-"
+    if "skipped" in case:
+        return "skipped"
+    mib = f" ({case['peak_bytes'] / 2**20:.0f})" if case.get("peak_bytes") is not None else ""
+    return f"{case['median_s'] * 1e3:.1f}{mib}"
+
+
+def moe_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per (experts, tokens): every backend's ``ms (MiB)``, then each one's time over eager's."""
+    backends = report["settings"]["backends"]
+    cases = {(c["experts"], c["backend"], c["tokens"]): c for c in report["cases"]}
+    ratios = {(r["experts"], r["backend"], r["tokens"]): r for r in report["ratios"]}
+    others = [b for b in backends if b != "eager"]
+    header = ["E", "N", *(f"{b} ms (MiB)" for b in backends)]
+    if "eager" in backends:
+        header += [f"{b}/eager time" for b in others]
+    rows = []
+    for experts in report["settings"]["experts"]:
+        for tokens in report["settings"]["tokens"]:
+            row = [str(experts), str(tokens), *(_moe_cell(cases.get((experts, b, tokens))) for b in backends)]
+            if "eager" in backends:
+                for b in others:
+                    r = ratios.get((experts, b, tokens))
+                    row.append(f"{r['time_vs_eager']:.2f}" if r else "-")
+            rows.append(row)
+    return header, rows
+
+
+def render_moe(report: dict, markdown: bool = False) -> str:
+    """The MoE case's results, growth exponents and output agreement as text (or Markdown)."""
+    cfg = report["config"]
+    out = [
+        f"MoE layer: hidden {cfg['hidden']}, routed experts of {cfg['intermediate']}, top-{cfg['top_k']} "
+        f"({cfg['n_group']} groups, {cfg['topk_group']} eligible), {cfg['shared_experts']} shared expert(s), "
+        f"{cfg['dtype']}, batch 1. Cells: median ms (peak MiB of one call, beyond the weights).",
+        "",
+    ]
+    header, rows = moe_rows(report)
+    out += [format_table(header, rows, markdown), ""]
+    exp_rows = []
+    for name, entry in report["exponents"].items():
+        t, m = entry.get("time"), entry.get("memory")
+        exp_rows.append([name, f"{t['exponent']:.2f}" if t else "-", f"{t['per_doubling']:.2f}" if t else "-",
+                         f"{m['exponent']:.2f}" if m else "-"])
+    out += [format_table(["curve", "time exponent in N", "time x per doubling", "memory exponent"], exp_rows,
+                         markdown), ""]
+    layer_rows = []
+    for layer in report["layers"]:
+        for backend, a in layer["agreement"].items():
+            layer_rows.append([str(layer["experts"]), f"{layer['weight_bytes'] / 2**30:.2f}", backend, str(a["tokens"]),
+                               f"{a['max_abs_diff'] / a['max_abs_reference']:.1e}" if a["max_abs_reference"] else "-",
+                               f"{a['cosine']:.9f}"])
+    out += [format_table(["E", "weights GiB", "backend", "N", "max |diff| / max |eager|", "cosine to eager"],
+                         layer_rows, markdown)]
+    for layer in report["layers"]:
+        if layer.get("onnxruntime_load_rss_bytes") is not None:
+            out.append(f"E={layer['experts']}: onnxruntime export {layer['onnxruntime_export_s']:g} s, session load "
+                       f"{layer['onnxruntime_load_s']:g} s, +{layer['onnxruntime_load_rss_bytes'] / 2**30:.2f} GiB resident")
+    for note in report["notes"]:
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def render_moe_markdown(report: dict) -> str:
+    """A results file for the MoE case: environment, then the tables of :func:`render_moe`."""
+    return "\n".join(["# dsa-export bench results (MoE layer)", "", *environment_lines(report), "",
+                      render_moe(report, markdown=True), ""])

@@ -105,3 +105,114 @@ class BenchSettings:
         if self.repeats < 1 or self.warmup < 0 or self.threads < 0 or self.case_budget_s <= 0:
             raise ValueError("repeats must be at least 1, warmup and threads at least 0, the case budget positive.")
         object.__setattr__(self, "seq_lens", tuple(sorted(set(self.seq_lens))))
+
+
+#: What ``dsa-export bench`` times: one attention layer (DSA against dense) or one MoE layer
+#: (our routed-experts op against transformers' experts implementations).
+CASES = ("attention", "moe")
+#: MoE backends: ``ours`` (the block with the routed experts as the ``dsa::moe_experts`` torch op),
+#: transformers' ``eager`` and ``batched_mm`` experts in the same block, and ``onnxruntime`` (our
+#: block exported, the experts node run through its function body on the CPU provider).
+MOE_BACKENDS = ("ours", "eager", "batched_mm", "onnxruntime")
+DEFAULT_MOE_TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+DEFAULT_MOE_EXPERTS = (16,)
+MOE_DTYPES = ("fp32", "bf16")
+#: transformers' ``batched_mm`` gathers every routing slot's weight matrices (``tokens * top_k *
+#: 3 * hidden * intermediate`` values: 1.3 GiB per token in fp32 at DeepSeek-V3.2 width); cases that
+#: would gather more than this many GiB are skipped.
+DEFAULT_BATCHED_MM_LIMIT_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Shapes of the MoE layer that is timed: transformers' ``DeepseekV32MoE`` (sigmoid router with
+    correction bias and group-limited top-k, routed experts, shared experts), batch 1.
+
+    Attributes:
+        hidden: model width (DeepSeek-V3.2: 7168).
+        intermediate: width of each routed expert (``moe_intermediate_size``, 2048).
+        top_k: experts per token (8).
+        n_group, topk_group: group-limited routing: experts in ``n_group`` groups, tokens choose
+            among ``topk_group`` of them (DeepSeek-V3.2 has 8 / 4 over 256 experts; 4 / 3 keeps a
+            real choice with 16 experts).
+        shared_experts: always-active experts of width ``intermediate`` (1).
+        routed_scaling_factor: DeepSeek-V3.2's 2.5.
+        dtype: ``fp32`` or ``bf16`` weights and activations (the router computes in float32).
+        seed: seed of the weights and tokens.
+    """
+
+    hidden: int = 7168
+    intermediate: int = 2048
+    top_k: int = 8
+    n_group: int = 4
+    topk_group: int = 3
+    shared_experts: int = 1
+    routed_scaling_factor: float = 2.5
+    dtype: str = "fp32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "intermediate", "top_k", "n_group", "topk_group"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1.")
+        if self.dtype not in MOE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MOE_DTYPES)}, not {self.dtype!r}.")
+
+    def check_experts(self, experts: int) -> None:
+        """Raise ValueError when ``experts`` cannot be routed with this config."""
+        per_group, rem = divmod(experts, self.n_group)
+        if rem or per_group < 2 or self.topk_group > self.n_group:
+            raise ValueError(f"{experts} experts do not split into {self.n_group} groups of at least two "
+                             f"(topk_group {self.topk_group}); pick a multiple of {2 * self.n_group}.")
+        if self.top_k > self.topk_group * per_group:
+            raise ValueError(f"top_k {self.top_k} exceeds the {self.topk_group * per_group} experts of "
+                             f"{self.topk_group} groups of {experts} experts.")
+
+
+@dataclass(frozen=True)
+class MoEBenchSettings:
+    """Everything that shapes one MoE benchmark run (timing fields as in :class:`BenchSettings`).
+
+    Attributes:
+        tokens: token counts N (one prefill of N tokens, batch 1), run in increasing order.
+        experts: routed-expert counts E; each builds its own layer, one after the other.
+        backends: which of :data:`MOE_BACKENDS` to run (ONNX Runtime always last per layer, after
+            the torch weights are freed).
+        layer: the layer's shapes.
+        batched_mm_limit_gib: largest weight gather ``batched_mm`` may make (see above).
+    """
+
+    tokens: tuple[int, ...] = DEFAULT_MOE_TOKENS
+    experts: tuple[int, ...] = DEFAULT_MOE_EXPERTS
+    backends: tuple[str, ...] = MOE_BACKENDS
+    layer: MoEConfig = MoEConfig()
+    warmup: int = 1
+    warmup_below_s: float = 1.0
+    repeats: int = 3
+    case_budget_s: float = 10.0
+    memory: bool = True
+    threads: int = 0
+    time_budget_s: float = 60.0
+    batched_mm_limit_gib: float = DEFAULT_BATCHED_MM_LIMIT_GIB
+
+    def __post_init__(self) -> None:
+        if not self.tokens or min(self.tokens) < 1:
+            raise ValueError("token counts must be at least 1.")
+        if not self.experts:
+            raise ValueError("give at least one expert count.")
+        for experts in self.experts:
+            self.layer.check_experts(experts)
+        unknown = [b for b in self.backends if b not in MOE_BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"unknown MoE backend(s) {unknown}; choose from {', '.join(MOE_BACKENDS)}.")
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError("a backend is listed twice.")
+        if "onnxruntime" in self.backends and self.layer.dtype != "fp32":
+            raise ValueError("the onnxruntime MoE backend runs fp32 only (ONNX Runtime's CPU provider has no bf16 "
+                             "GEMMs); drop it or use --dtype fp32.")
+        if self.repeats < 1 or self.warmup < 0 or self.threads < 0 or self.case_budget_s <= 0:
+            raise ValueError("repeats must be at least 1, warmup and threads at least 0, the case budget positive.")
+        if self.batched_mm_limit_gib < 0:
+            raise ValueError("the batched_mm limit cannot be negative.")
+        object.__setattr__(self, "tokens", tuple(sorted(set(self.tokens))))
+        object.__setattr__(self, "experts", tuple(sorted(set(self.experts))))

@@ -1,4 +1,5 @@
-"""``dsa-export bench``: one DSA layer against the same layer with dense attention, across L."""
+"""``dsa-export bench``: one DSA layer against the same layer with dense attention, across L
+(``--case attention``), or one MoE layer's routed experts against transformers' (``--case moe``)."""
 
 from __future__ import annotations
 
@@ -15,26 +16,57 @@ class _BackendList(click.ParamType):
     name = "B,B,..."
 
     def convert(self, value, param, ctx):
-        from dsa_export.bench.settings import BACKENDS
+        from dsa_export.bench.settings import BACKENDS, MOE_BACKENDS
 
         if isinstance(value, tuple):
             return value
         items = tuple(v.strip() for v in str(value).split(",") if v.strip())
-        unknown = [v for v in items if v not in BACKENDS]
+        known = (*BACKENDS, *MOE_BACKENDS)
+        unknown = [v for v in items if v not in known]
         if not items or unknown:
-            self.fail(f"'{value}' names no known backend; choose from {', '.join(BACKENDS)}.", param, ctx)
+            self.fail(f"'{value}' names no known backend; choose from {', '.join(BACKENDS)} (--case attention) "
+                      f"or {', '.join(MOE_BACKENDS)} (--case moe).", param, ctx)
         return items
 
 
+#: Options that belong to one case only (name of the parameter -> case).
+_CASE_OPTIONS = {
+    "seq_lens": ("attention", "--seq"), "topk": ("attention", "--topk"),
+    "max_onnxruntime_seq": ("attention", "--max-onnxruntime-seq"),
+    "tokens": ("moe", "--tokens"), "experts": ("moe", "--experts"), "hidden": ("moe", "--hidden"),
+    "intermediate": ("moe", "--intermediate"), "top_k": ("moe", "--top-k"), "dtype": ("moe", "--dtype"),
+    "batched_mm_limit": ("moe", "--batched-mm-limit"),
+}
+
+
 @click.command(name="bench")
+@click.option("--case", "case", type=click.Choice(["attention", "moe"]), default="attention", show_default=True,
+              help="attention: one DSA layer against dense attention across L; moe: one MoE layer (router, "
+                   "routed and shared experts) with our experts op against transformers' experts, across tokens.")
 @click.option("--seq", "seq_lens", type=INT_LIST, default="1024,4096,16384", show_default=True,
               help="Sequence lengths L (prefill of L tokens). 1024,2048,4096,8192 finishes in about 3 "
                    "minutes on 2 CPU cores.")
 @click.option("--topk", type=click.IntRange(min=1), default=512, show_default=True,
               help="Keys each query attends to in the DSA layer.")
-@click.option("--backends", type=_BackendList(), default="torch,onnxruntime", show_default=True,
-              help="torch (our CPU ops vs SDPA), onnxruntime (exported layers on the CPU provider), "
-                   "cuda (plugin kernels vs CUDA SDPA; needs a GPU and the kernel library).")
+@click.option("--backends", type=_BackendList(), default=None,
+              help="attention (default torch,onnxruntime): torch (our CPU ops vs SDPA), onnxruntime (exported "
+                   "layers on the CPU provider), cuda (plugin kernels vs CUDA SDPA; needs a GPU and the kernel "
+                   "library). moe (default all): ours (our experts op), eager and batched_mm (transformers' "
+                   "experts), onnxruntime (our layer exported, fp32).")
+@click.option("--tokens", type=INT_LIST, default="1,4,16,64,256,1024,4096", show_default=True,
+              help="--case moe: token counts N (one prefill of N tokens).")
+@click.option("--experts", type=INT_LIST, default="16", show_default=True,
+              help="--case moe: routed-expert counts, one layer each (16 experts of DeepSeek-V3.2 width are "
+                   "2.6 GiB in fp32).")
+@click.option("--hidden", type=click.IntRange(min=1), default=7168, show_default=True, help="--case moe: model width.")
+@click.option("--intermediate", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="--case moe: width of each routed (and the shared) expert.")
+@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=8, show_default=True,
+              help="--case moe: experts per token (4 groups, 3 eligible).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="--case moe: weights and activations (onnxruntime runs fp32 only).")
+@click.option("--batched-mm-limit", "batched_mm_limit", type=click.FloatRange(min=0), default=4.0, show_default=True,
+              help="--case moe: GiB of gathered expert weights above which batched_mm cases are skipped.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed calls per case at most (the median is reported).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
@@ -51,34 +83,51 @@ class _BackendList(click.ParamType):
 @click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown results file (date, machine, load, versions, tables) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write log-log plots of latency and memory against L to this PNG (needs matplotlib).")
-def command(seq_lens, topk, backends, repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory,
-            json_out, markdown_out, plot_out) -> None:
+              help="Write log-log plots of latency and memory against L (or N for --case moe) to this PNG "
+                   "(needs matplotlib).")
+@click.pass_context
+def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
+            repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory, json_out, markdown_out,
+            plot_out) -> None:
     """Time one DSA attention layer (indexer + top-k + sparse attention) against the same layer with
-    dense causal attention across sequence lengths; report medians, peak memory, ratios, growth
-    exponents in L, the FLOP split and the seed documents' claims next to the measurements."""
-    from dsa_export.bench.settings import BenchSettings, BlockConfig
+    dense causal attention across sequence lengths (--case attention), or one DeepSeek-V3.2-width
+    MoE layer with our routed-experts op against transformers' eager and batched_mm experts and
+    ONNX Runtime across token counts (--case moe); report medians, peak memory next to them,
+    ratios and growth exponents (attention also: the FLOP split and the seed documents' claims)."""
+    from click.core import ParameterSource
 
-    if min(seq_lens) < 2:
-        raise DSAUsageError("every --seq length must be at least 2.")
-    if len(set(backends)) != len(backends):
+    for name, (owner, flag) in _CASE_OPTIONS.items():
+        if owner != case and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            raise DSAUsageError(f"{flag} belongs to --case {owner}; drop it or pass --case {owner}.")
+    if backends is not None and len(set(backends)) != len(backends):
         raise DSAUsageError(f"--backends lists a backend twice ({','.join(backends)}); name each once.")
     if plot_out is not None and plot_out.suffix.lower() != ".png":
         raise DSAUsageError(f"--plot writes a PNG, so its file name must end in .png, not '{plot_out.name}'.")
+    if case == "moe":
+        settings = _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
+                                 repeats, warmup, case_budget_s, threads, no_memory)
+    else:
+        settings = _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
+                                       max_onnxruntime_seq)
     if plot_out is not None:
         from dsa_export.bench.plot import require_matplotlib
 
         require_matplotlib()
-    settings = BenchSettings(
-        seq_lens=seq_lens, backends=backends, block=BlockConfig(topk=topk), warmup=warmup, repeats=repeats,
-        case_budget_s=case_budget_s, memory=not no_memory, threads=threads, max_onnxruntime_seq=max_onnxruntime_seq,
-    )
-    from dsa_export.bench.report import render
-    from dsa_export.bench.runner import run_bench
     from dsa_export.fileio import atomic_output
 
     to_stdout = json_out is not None and str(json_out) == "-"
-    report = run_bench(settings, progress=None if to_stdout else lambda msg: click.echo(msg, err=True))
+    progress = None if to_stdout else lambda msg: click.echo(msg, err=True)
+    if case == "moe":
+        from dsa_export.bench.moe import run_moe_bench
+        from dsa_export.bench.report import render_moe as render
+        from dsa_export.bench.report import render_moe_markdown as render_markdown
+
+        report = run_moe_bench(settings, progress=progress)
+    else:
+        from dsa_export.bench.report import render, render_markdown
+        from dsa_export.bench.runner import run_bench
+
+        report = run_bench(settings, progress=progress)
     text = json.dumps(report, indent=2)
     if to_stdout:
         click.echo(text)
@@ -89,16 +138,51 @@ def command(seq_lens, topk, backends, repeats, warmup, case_budget_s, max_onnxru
                 tmp.write_text(text + "\n")
             click.echo(f"Wrote {json_out}.")
     if markdown_out is not None:
-        from dsa_export.bench.report import render_markdown
-
         with atomic_output(markdown_out) as tmp:
             tmp.write_text(render_markdown(report))
         if not to_stdout:
             click.echo(f"Wrote {markdown_out}.")
     if plot_out is not None:
-        from dsa_export.bench.plot import save_plot
+        from dsa_export.bench.plot import save_moe_plot, save_plot
 
         with atomic_output(plot_out) as tmp:
-            save_plot(report, tmp)
+            (save_moe_plot if case == "moe" else save_plot)(report, tmp)
         if not to_stdout:
             click.echo(f"Wrote {plot_out}.")
+
+
+def _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
+                        max_onnxruntime_seq):
+    from dsa_export.bench.settings import BACKENDS, DEFAULT_BACKENDS, BenchSettings, BlockConfig
+
+    backends = backends or DEFAULT_BACKENDS
+    foreign = [b for b in backends if b not in BACKENDS]
+    if foreign:
+        raise DSAUsageError(f"--backends {','.join(foreign)} names no known backend of --case attention; choose "
+                            f"from {', '.join(BACKENDS)}.")
+    if min(seq_lens) < 2:
+        raise DSAUsageError("every --seq length must be at least 2.")
+    return BenchSettings(
+        seq_lens=seq_lens, backends=backends, block=BlockConfig(topk=topk), warmup=warmup, repeats=repeats,
+        case_budget_s=case_budget_s, memory=not no_memory, threads=threads, max_onnxruntime_seq=max_onnxruntime_seq,
+    )
+
+
+def _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit, repeats, warmup,
+                  case_budget_s, threads, no_memory):
+    from dsa_export.bench.settings import MOE_BACKENDS, MoEBenchSettings, MoEConfig
+
+    if backends is None:
+        backends = MOE_BACKENDS if dtype == "fp32" else tuple(b for b in MOE_BACKENDS if b != "onnxruntime")
+    foreign = [b for b in backends if b not in MOE_BACKENDS]
+    if foreign:
+        raise DSAUsageError(f"--backends {','.join(foreign)} names no known backend of --case moe; choose from "
+                            f"{', '.join(MOE_BACKENDS)}.")
+    try:
+        return MoEBenchSettings(
+            tokens=tokens, experts=experts, backends=backends, warmup=warmup, repeats=repeats,
+            case_budget_s=case_budget_s, memory=not no_memory, threads=threads, batched_mm_limit_gib=batched_mm_limit,
+            layer=MoEConfig(hidden=hidden, intermediate=intermediate, top_k=top_k, dtype=dtype),
+        )
+    except ValueError as exc:
+        raise DSAUsageError(str(exc)) from None
