@@ -1,7 +1,9 @@
 """The safetensors of a Hugging Face directory, read one tensor (or one row block) at a time.
 
-A DeepSeek-V3.2 checkpoint is ~690 GB in 163 shards; nothing here ever holds more than the tensor
-being read. The shard index (``model.safetensors.index.json``) maps every key to its shard; a
+A DeepSeek-V3.2 checkpoint is ~690 GB in 163 shards; nothing here ever holds more than the row
+block being read. Reads are plain ``pread`` calls at the offsets the shard headers give, not memory
+maps: a mapped shard's pages count toward the process's resident memory for as long as the map
+lives, so mapping a 5 GB shard to stream it would grow the RSS by what was read. The shard index (``model.safetensors.index.json``) maps every key to its shard; a
 directory with a single ``model.safetensors`` (or several shards and no index) is read by scanning
 the shard headers. Shapes and dtypes come from the headers, so the planner and the exporter know
 every tensor before any data is read.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,24 +45,33 @@ class TensorInfo:
     dtype: str  # safetensors code: BF16, F32, F8_E4M3, ...
     shape: tuple[int, ...]
     nbytes: int
+    offset: int = 0  # of the first byte in the shard file
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of one safetensors file (no tensor data is read)."""
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of one safetensors file and the offset where its data starts (no tensor
+    data is read).
+
+    A shard shorter than its header promises (an interrupted download) is refused.
+    """
     try:
         with open(path, "rb") as handle:
             head = handle.read(8)
             if len(head) != 8:
-                raise ValueError("file shorter than its header length")
+                raise ValueError("shorter than its header length")
             (length,) = struct.unpack("<Q", head)
             if length > _MAX_HEADER:
                 raise ValueError(f"header length {length} is implausible")
             header = json.loads(handle.read(length))
-    except (OSError, ValueError) as exc:
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
+            data = os.fstat(handle.fileno()).st_size - 8 - length
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        if max(ends, default=0) > data:
+            raise ValueError(f"its tensors need {max(ends)} data bytes but it holds {data}: an interrupted download")
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise DSAUserError(f"'{path}' is not a readable safetensors file ({exc}); re-download that shard.") from exc
-    if not isinstance(header, dict):
-        raise DSAUserError(f"'{path}' has a malformed safetensors header; re-download that shard.")
-    return header
+    return header, 8 + length
 
 
 class SafetensorsCheckpoint:
@@ -85,14 +98,19 @@ class SafetensorsCheckpoint:
             file = self.path / shard
             if not file.is_file():
                 raise DSAUserError(f"shard '{shard}' named by '{INDEX_NAME}' is missing from '{self.path}'.")
-            header = read_header(file)
+            header, data_start = read_header(file)
             self._headers[shard] = json.dumps(header, sort_keys=True).encode()
+            size = file.stat().st_size
             for key, entry in header.items():
                 if key == "__metadata__":
                     continue
                 shape = tuple(int(d) for d in entry["shape"])
-                begin, end = entry["data_offsets"]
-                self.tensors[key] = TensorInfo(key, shard, entry["dtype"], shape, int(end) - int(begin))
+                begin, end = (int(v) for v in entry["data_offsets"])
+                if entry.get("dtype") not in DTYPE_BYTES or data_start + end > size or end - begin != math.prod(
+                        shape) * DTYPE_BYTES[entry["dtype"]]:
+                    raise DSAUserError(f"tensor '{key}' of '{file}' does not fit the file (dtype {entry.get('dtype')}, "
+                                       f"shape {list(shape)}); the shard is damaged or incomplete, re-download it.")
+                self.tensors[key] = TensorInfo(key, shard, entry["dtype"], shape, end - begin, data_start + begin)
         if weight_map is not None:
             missing = sorted(k for k, shard in weight_map.items() if self.tensors.get(k, None) is None
                              or self.tensors[k].shard != shard)
@@ -101,7 +119,6 @@ class SafetensorsCheckpoint:
                     f"'{index_file}' names {len(missing)} tensors its shards do not hold (first: '{missing[0]}'); "
                     "the checkpoint is incomplete."
                 )
-        self._open: dict[str, Any] = {}
 
     # -- metadata ------------------------------------------------------------------------------
     def __contains__(self, key: str) -> bool:
@@ -130,24 +147,34 @@ class SafetensorsCheckpoint:
         return sum(t.nbytes for t in self.tensors.values())
 
     # -- data ------------------------------------------------------------------------------------
-    def _handle(self, shard: str):
-        handle = self._open.get(shard)
-        if handle is None:
-            from safetensors import safe_open
+    def _read(self, info: TensorInfo, start_byte: int, nbytes: int, shape: tuple[int, ...]):
+        import torch
 
-            # One open handle per shard; safe_open maps the file and reads only the slices asked for.
-            handle = self._open[shard] = safe_open(str(self.path / shard), framework="pt")
-        return handle
+        buffer = bytearray(nbytes)
+        with open(self.path / info.shard, "rb", buffering=0) as handle:
+            view, done = memoryview(buffer), 0
+            while done < nbytes:
+                got = os.preadv(handle.fileno(), [view[done:]], info.offset + start_byte + done)
+                if got <= 0:
+                    raise DSAUserError(f"'{self.path / info.shard}' ended inside tensor '{info.key}'; re-download it.")
+                done += got
+        flat = torch.frombuffer(buffer, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        return flat.view(_TORCH_DTYPES[info.dtype]).reshape(shape)
 
     def read(self, key: str):
         """The whole tensor ``key`` as a CPU torch tensor in its stored dtype."""
         info = self.info(key)
-        return self._handle(info.shard).get_slice(key)[:]
+        return self._read(info, 0, info.nbytes, info.shape)
 
     def read_rows(self, key: str, start: int, stop: int):
         """Rows ``start:stop`` of tensor ``key`` (first axis), for writing large tensors in pieces."""
         info = self.info(key)
-        return self._handle(info.shard).get_slice(key)[start:stop]
+        if not info.shape:
+            return self.read(key)
+        rows = info.shape[0]
+        start, stop = max(0, min(start, rows)), max(0, min(stop, rows))
+        row_bytes = info.nbytes // rows if rows else 0
+        return self._read(info, start * row_bytes, (stop - start) * row_bytes, (stop - start, *info.shape[1:]))
 
     def iter_row_blocks(self, key: str, max_bytes: int = 256 << 20) -> Iterator[Any]:
         """Tensor ``key`` in blocks of whole rows of at most ``max_bytes`` (one row at least)."""
@@ -161,4 +188,21 @@ class SafetensorsCheckpoint:
             yield self.read_rows(key, start, min(rows, start + step))
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing stays open between reads; kept for callers that scope the checkpoint."""
+
+
+def _torch_dtypes() -> dict[str, Any]:
+    import torch
+
+    return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+class _LazyDtypes(dict):
+    def __missing__(self, key):
+        self.update(_torch_dtypes())
+        return dict.__getitem__(self, key)
+
+
+_TORCH_DTYPES = _LazyDtypes()

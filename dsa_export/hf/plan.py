@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.hf.checkpoint import INDEX_NAME, read_header
 from dsa_export.hf.loader import SUPPORTED_TYPES
 
 GIB = 1 << 30
@@ -37,8 +36,6 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: The indexer plugin's workspace cap (plugins/dsaIndexerTopKPlugin/DSAIndexerTopK_PluginConfig.yaml).
 INDEXER_WORKSPACE_CAP = 256 << 20
-INDEX_NAME = "model.safetensors.index.json"
-_MAX_HEADER = 100 << 20
 _INT64 = 8
 _INT32 = 4
 _FP32 = 4
@@ -299,31 +296,6 @@ def weights_from_config(g: Geometry, dtype: str | None) -> Weights:
     )
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of one safetensors file (8-byte little-endian length, then JSON); no tensor data is read.
-
-    A shard shorter than its header promises (an interrupted download) is refused.
-    """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) != 8:
-                raise ValueError("shorter than its header length")
-            (length,) = struct.unpack("<Q", head)
-            if length > _MAX_HEADER:
-                raise ValueError(f"header length {length} is implausible")
-            header = json.loads(handle.read(length))
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-            data = os.fstat(handle.fileno()).st_size - 8 - length
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-        if max(ends, default=0) > data:
-            raise ValueError(f"its tensors need {max(ends)} data bytes but it holds {data}: an interrupted download")
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise DSAUserError(f"'{path}' is not a readable safetensors file ({exc}); re-download that shard.") from exc
-    return header
-
-
 def shard_files(path: Path) -> tuple[list[Path], list[str]]:
     """The shards of a checkpoint directory and the names the index lists but the directory lacks."""
     index = path / INDEX_NAME
@@ -350,7 +322,7 @@ def weights_from_headers(g: Geometry, shards: list[Path], dtype: str | None) -> 
                 embedding_parameters=0, head_parameters=0, source=f"safetensors headers ({len(shards)} shards)")
     has_lm_head = False
     for shard in shards:
-        for key, info in read_header(shard).items():
+        for key, info in read_header(shard)[0].items():
             if key == "__metadata__":
                 continue
             try:

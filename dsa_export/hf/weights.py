@@ -18,7 +18,6 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -29,8 +28,6 @@ from dsa_export.hf.checkpoint import SafetensorsCheckpoint
 #: Precision of FP8 weights in an export: ``keep`` (FP8 + scales, dequantized in the graph) or
 #: ``dequantize`` (plain weights in the export dtype).
 FP8_MODES = ("keep", "dequantize")
-_STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
-                  "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate_up_proj|down_proj)(?P<scale>_scale_inv)?$")
 #: Row blocks of at most this many bytes are read, converted and written at a time.
 BLOCK_BYTES = 256 << 20
@@ -176,9 +173,8 @@ def build_meta_model(checkpoint_config: dict, checkpoint: SafetensorsCheckpoint,
     patterns = _keep_fp32_patterns(model)
     for name, param in model.named_parameters():
         param.data = param.data.to(torch.float32 if _keeps_fp32(name, patterns) else dtype)
-    block = int(((checkpoint_config.get("quantization_config") or {}).get("weight_block_size") or [128])[0])
     if fp8 == "keep":
-        _use_fp8_modules(model, checkpoint, block)
+        _use_fp8_modules(model, checkpoint, checkpoint_block_size(checkpoint_config))
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     return model
 
@@ -275,6 +271,3 @@ def materialize(model, modules: list[str], checkpoint: SafetensorsCheckpoint, bl
         else:
             owner._buffers[attr] = value
 
-
-def stored_dtype(code: str) -> Any:
-    return _STORED_DTYPES[code]

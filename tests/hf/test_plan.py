@@ -117,7 +117,7 @@ def test_inventory_is_what_save_pretrained_writes(checkpoints):
         g = P.Geometry.from_config(config)
         header = {}
         for shard in P.shard_files(path)[0]:
-            header.update({k: v for k, v in P.read_header(shard).items() if k != "__metadata__"})
+            header.update({k: v for k, v in P.read_header(shard)[0].items() if k != "__metadata__"})
         specs = P.embedding_tensors(g) + [t for i in range(g.layers) for t in P.layer_tensors(g, i)]
         specs += P.head_tensors(g)
         assert {t.key: list(t.shape) for t in specs} == {k: v["shape"] for k, v in header.items()}
