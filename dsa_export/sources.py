@@ -52,6 +52,9 @@ class ModelSource:
     dtype: str | None = None
     #: The lowest standard opset the graph needs (blocked DequantizeLinear for FP8 weights: 21).
     min_opset: int | None = None
+    #: Export Linear layers as Gemm(transB=1) on a 2-D view, so their weights keep the stored
+    #: ``[out, in]`` layout: no transposed copy is made while exporting (or stored in the file).
+    keep_weight_layout: bool = False
     #: Loads the module validation runs when it is neither ``module`` nor ``reference_module``
     #: (a meta-device module's weights materialized).
     module_loader: Callable[[], Any] | None = None

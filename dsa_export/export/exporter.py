@@ -66,6 +66,29 @@ def _on_meta(module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
 
 
+def _linear_as_gemm() -> dict:
+    """``aten.linear`` as Gemm(transB=1) on ``x`` viewed as 2-D.
+
+    torch's own translation multiplies a 3-D input by ``Transpose(W)``, which the graph optimizer
+    then folds into a transposed copy of every weight: for a streamed checkpoint that is a second
+    in-memory copy of the largest tensors (the 1.85 GB embedding-sized ``lm_head``) and a file
+    whose bytes no longer match the checkpoint's. Gemm reads ``[out, in]`` as stored; TensorRT and
+    ONNX Runtime run it without a copy.
+    """
+    import onnxscript
+    import torch
+
+    op = onnxscript.opset18
+
+    def linear(input, weight, bias=None):
+        lead = op.Shape(input, start=0, end=-1)
+        flat = op.Reshape(input, op.Concat(op.Constant(value_ints=[-1]), op.Shape(weight, start=1, end=2), axis=0))
+        out = op.Gemm(flat, weight, bias, transB=1) if bias is not None else op.Gemm(flat, weight, transB=1)
+        return op.Reshape(out, op.Concat(lead, op.Shape(weight, start=0, end=1), axis=0))
+
+    return {torch.ops.aten.linear.default: linear}
+
+
 def _run_torch_export(source: ModelSource, settings: ExportSettings):
     """torch.export + translation to ONNX, unoptimized (weights are bound before optimizing)."""
     import torch
@@ -99,7 +122,8 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
                 kwargs=kwargs,
                 dynamic_shapes=shapes,
                 input_names=source.input_names,
-                custom_translation_table={**translation_table(), **quant_translations()},
+                custom_translation_table={**translation_table(), **quant_translations(),
+                                          **(_linear_as_gemm() if source.keep_weight_layout else {})},
                 opset_version=settings.opset,
                 dynamo=True,
                 optimize=False,

@@ -210,6 +210,7 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         make_inputs=make_inputs,
         weights=CheckpointWeights(wrapper.hf, checkpoint, block),
         cast=False,
+        keep_weight_layout=True,
         dtype=dtype,
         min_opset=_fp8_opset(model),
         module_loader=load_module,
