@@ -18,21 +18,36 @@ from dsa_export.cli.options import INT_LIST
               help="How errors are judged (default: elemwise for fp32, median for fp16/bf16).")
 @click.option("--seq-lens", type=INT_LIST, default="16,64,256", show_default=True, help="Sequence lengths to compare at.")
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--tie-rtol", type=click.FloatRange(min=0), default=None,
+              help="Hugging Face models: a top-k difference whose keys score within this fraction of the row's "
+                   "largest index score of the k-th score is a near-tie flip (default per dtype; fp32: 1e-4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def command(onnx_file: Path, reference: str | None, atol: float | None, rtol: float | None, error_stat: str | None,
-            seq_lens: tuple[int, ...], batch: int, as_json: bool) -> None:
+            seq_lens: tuple[int, ...], batch: int, tie_rtol: float | None, as_json: bool) -> None:
     """Compare ONNX Runtime on ONNX_FILE with the PyTorch reference (Polygraphy Comparator).
 
     The reference runs in fp32; fp16/bf16 files are judged on their median error by default.
+    For Hugging Face checkpoints the reference is transformers running the file's layers, and
+    each indexer's selections are compared as well: near-tie flips at the k-th place are counted
+    and their positions left out of the strict comparison, any other difference fails.
     Exits 1 when any output differs beyond the tolerances.
     """
     from dsa_export.errors import DSAUserError
     from dsa_export.validate import ValidationSettings, validate_onnx
 
     settings = ValidationSettings(reference=reference, seq_lens=seq_lens, batch=batch, atol=atol, rtol=rtol,
-                                  error_stat=error_stat)
+                                  error_stat=error_stat, tie_rtol=tie_rtol)
     report = validate_onnx(onnx_file, settings)
     click.echo(report.to_json() if as_json else report.table())
+    if not report.passed and report.unexplained_selections:
+        raise DSAUserError(
+            f"{report.unexplained_selections} query row(s) selected keys that transformers' indexer did not, beyond "
+            "near-ties at the k-th place (see the table); the indexer computes something else."
+        )
+    if (not report.passed and report.min_topk_overlap is not None
+            and report.min_topk_overlap < settings.min_topk_overlap):
+        raise DSAUserError(f"the top-k overlap with transformers' indexers is {report.min_topk_overlap:.4f}, below "
+                           f"{settings.min_topk_overlap:g}.")
     if not report.passed:
         worst = max(report.errors, key=lambda e: e.max_abs)
         raise DSAUserError(

@@ -18,19 +18,23 @@ from polygraphy.datatype import DataType
 
 class TorchRunner(BaseRunner):
     def __init__(self, module, input_metadata: TensorMetadata, output_names: list[str], name: str | None = None,
-                 input_order: list[str] | None = None):
+                 input_order: list[str] | None = None, release_on_deactivate: bool = False):
         """
         Args:
             module: a callable ``torch.nn.Module`` taking the inputs as keyword arguments.
             input_metadata: names, dtypes and shapes of the inputs (as in the ONNX file).
             output_names: names given to the module's outputs, in order.
             input_order: pass the inputs positionally in this order instead of by keyword.
+            release_on_deactivate: drop the module when the runner is deactivated (after
+                ``Comparator.run`` has run it on every input), so its memory is free for the
+                runners after it; the runner cannot be activated again.
         """
         super().__init__(name=name, prefix="torch-runner")
         self.module = module
         self.input_order = input_order
         self.input_metadata = input_metadata
         self.output_names = list(output_names)
+        self.release_on_deactivate = release_on_deactivate
 
     def activate_impl(self) -> None:
         self.module.eval()
@@ -69,7 +73,14 @@ class TorchRunner(BaseRunner):
         return result
 
     def deactivate_impl(self) -> None:
-        pass
+        if self.release_on_deactivate:
+            release = getattr(self.module, "release", None)
+            if release is not None:
+                release()
+            self.module = None
+            import gc
+
+            gc.collect()
 
 
 def metadata_from_onnx(model) -> TensorMetadata:

@@ -114,10 +114,11 @@ class ValidationReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     def table(self) -> str:
-        header = f"{'seq_len':>7}  {'output':<16} {'max_abs':>10} {'median_abs':>10} {'max_rel':>10}  result"
+        header = (f"{'seq_len':>7}  {'output':<17} {'max_abs':>10} {'median_abs':>10} {'max_rel':>10} "
+                  f"{'cosine':>10}  result")
         rows = [
-            f"{e.seq_len:>7}  {e.output:<16} {e.max_abs:>10.3e} {e.median_abs:>10.3e} {e.max_rel:>10.3e}  "
-            f"{'PASS' if e.passed else 'FAIL'}"
+            f"{e.seq_len:>7}  {e.output:<17} {e.max_abs:>10.3e} {e.median_abs:>10.3e} {e.max_rel:>10.3e} "
+            f"{'' if e.cosine is None else f'{e.cosine:.6f}':>10}  {'PASS' if e.passed else 'FAIL'}"
             for e in self.errors
         ]
         for e in self.errors:
@@ -179,6 +180,9 @@ class _RecordingReference:
     def parameters(self):
         return self.layers.parameters()
 
+    def release(self) -> None:
+        self.layers = None
+
     def __call__(self, *args):
         outputs, captured = self.layers.run_with_selections(*args)
         self.records.append({i: (idx.numpy(), sc.numpy()) for i, (idx, sc) in captured.items()})
@@ -239,16 +243,22 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
         feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
 
-    transformers_reference = source.reference_module
+    # Loaded here rather than through the source's cached properties: the runner drops it once it
+    # has run, so the reference's weights are not held while ONNX Runtime runs (at real width
+    # that is a layer's float32 weights).
+    transformers_reference = source.reference_loader() if source.reference_loader is not None else None
     select = transformers_reference is not None and hasattr(transformers_reference, "run_with_selections")
+    owned = transformers_reference is not None
     if transformers_reference is not None:
         reference, reference_name = transformers_reference, "transformers"
     else:
         reference, reference_name = source.runnable_module, "torch"
         reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
+    del transformers_reference
     recorder = _RecordingReference(reference) if select else None
     torch_runner = TorchRunner(recorder or reference, metadata_from_onnx(model), output_names, name=reference_name,
-                               input_order=source.input_names)
+                               input_order=source.input_names, release_on_deactivate=owned)
+    del reference
     index_names: list[str] = []
     model_bytes = None
     if select:
