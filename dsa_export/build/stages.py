@@ -232,8 +232,8 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
 
     def step(name: str, nbytes: int) -> None:
         if bar is not None:
-            layer = name.split("layers.")[1].split(".")[0] if "layers." in name else name.split(".")[-2]
-            bar.set_postfix_str(f"layer {layer}", refresh=False)
+            if "layers." in name:
+                bar.set_postfix_str(f"layer {name.split('layers.')[1].split('.')[0]}", refresh=False)
             bar.update(nbytes)
 
     try:

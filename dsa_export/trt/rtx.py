@@ -74,7 +74,16 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(path)):
+    # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) is not one
+    # TensorRT(-RTX) can build; give the parser the construction it builds, in memory.
+    from dsa_export.ops.moe_onnx import use_fp8_body
+
+    model = onnx.load(str(path), load_external_data=False)
+    if use_fp8_body(model, "stack"):
+        parsed = parser.parse(model.SerializeToString(), str(path))
+    else:
+        parsed = parser.parse_from_file(str(path))
+    if not parsed:
         errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
         raise DSAUserError(f"TensorRT-RTX could not parse '{path}': {errors}")
     return ParsedNetwork(builder, network, parser, logger, messages)

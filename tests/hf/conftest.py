@@ -1,4 +1,5 @@
 """Tiny random DeepSeek-V3.2 and GLM-5 checkpoints, written with transformers' save_pretrained."""
+# The real-width synthetic checkpoints (tests/hf/realwidth.py) are imported where used.
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ COMMON = dict(
 )
 
 
-def make_checkpoint(root, kind: str, *, layers: int = 3, index_topk: int = 8, seed: int = 0, **extra):
+def make_checkpoint(root, kind: str, *, layers: int = 3, index_topk: int = 8, seed: int = 0, router_bias: float = 0.0,
+                    **extra):
+    """A tiny random checkpoint; ``router_bias`` > 0 draws the MoE routers' score-correction bias
+    (transformers initializes it to zero, which would leave its part of the routing untested)."""
     import torch
 
     torch.manual_seed(seed)
@@ -27,7 +31,12 @@ def make_checkpoint(root, kind: str, *, layers: int = 3, index_topk: int = 8, se
         cfg = transformers.GlmMoeDsaConfig(num_hidden_layers=layers, index_topk=index_topk, v_head_dim=24,
                                            index_topk_freq=2, index_skip_topk_offset=1, **{**COMMON, **extra})
         model = transformers.GlmMoeDsaForCausalLM(cfg)
-    path = root / f"{kind}-L{layers}-k{index_topk}-s{seed}"
+    if router_bias:
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.normal_(0.0, router_bias)
+    suffix = f"-e{extra['n_routed_experts']}" if "n_routed_experts" in extra else ""
+    path = root / f"{kind}-L{layers}-k{index_topk}-s{seed}{suffix}"
     model.save_pretrained(path, safe_serialization=True)
     return path
 

@@ -129,6 +129,37 @@ def test_decode_graph_greedy_matches_transformers_generate(checkpoints, tmp_path
                        "total_sequence": (1, 33, 320)})
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_many_experts_with_group_routing_and_correction_bias(tmp_path, kind):
+    """16 experts, top-4 within 2 of 4 groups (GLM-5: no groups), a non-zero correction bias:
+    the routed-experts op and the router in standard ops match transformers' eager MoE, in a
+    prefill export and a decode export driven greedily."""
+    from dsa_export.hf.generate import greedy_generate
+
+    groups = dict(n_group=4, topk_group=2) if kind == "deepseek_v32" else {}
+    path = make_checkpoint(tmp_path, kind, layers=3, index_topk=8, seed=7, router_bias=0.05, n_routed_experts=16,
+                           num_experts_per_tok=4, **groups)
+    hf, _ = load_model(path)
+    prefill = save_model(export_model(resolve(str(path)), ExportSettings()), tmp_path / "prefill.onnx")
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(prefill)).graph.node]
+    assert ops.count("DSAMoEExperts") == 2 and "GatherND" not in ops
+    ids = _ids(2, 30, seed=8)
+    mask = torch.ones_like(ids)
+    (got,) = session(prefill).run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).logits.numpy()
+    assert np.abs(got - want).max() < 1e-3
+    decode = save_model(export_model(resolve(hf_reference(path, graph="decode")), ExportSettings()),
+                        tmp_path / "decode.onnx")
+    prompt = _ids(1, 10, seed=9)
+    with torch.no_grad():
+        expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, min_new_tokens=12,
+                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+    assert greedy_generate(decode, prompt.numpy(), 12)[0].tolist() == expected
+
+
 def _rtx_builds(path, dims):
     pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed (the rtx extra)")
     from dsa_export.trt.profiles import ShapeRange
