@@ -288,7 +288,8 @@ class _Pipeline:
             from dsa_export.sources import resolve
 
             export_settings = ExportSettings(ops="plugin", dtype=EXPORT_DTYPES[precision])
-            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len, seed=export_settings.seed)
+            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len, seed=export_settings.seed,
+                             dtype=export_settings.dtype)
             model = export_model(source, export_settings)
             save_model(model, onnx_path)
             state["source"] = source.spec

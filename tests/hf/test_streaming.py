@@ -212,6 +212,18 @@ def test_exact_score_ties_are_near_tie_flips_not_failures(tmp_path):
     assert np.abs(got - want).max() > 1e-3
 
 
+def test_build_of_a_checkpoint_keeps_a_reference_that_resolves(checkpoints, tmp_path):
+    """dsa-export build on a checkpoint: the streamed export validates against transformers inside
+    the build's staging folder, and the folder's model.onnx still finds the checkpoint after the
+    rename."""
+    out = tmp_path / "build"
+    result = _cli("build", str(checkpoints["deepseek_v32"]), "-o", str(out), "--backend", "onnxruntime")
+    assert result.returncode == 0, result.stderr
+    validation = json.loads((out / "validation.json").read_text())
+    assert validation["passed"] and validation["runners"] == ["transformers", "onnxruntime"]
+    assert validate_onnx(out / "model.onnx", ValidationSettings(seq_lens=(12,))).passed
+
+
 def test_cli_stage_export_needs_a_gpu_size_for_auto(checkpoints, tmp_path):
     result = _cli("export", str(checkpoints["deepseek_v32"]), "--stages", "auto", "-o", str(tmp_path / "s"))
     assert result.returncode == 2 and "--gpu-memory" in result.stderr
