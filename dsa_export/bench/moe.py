@@ -34,6 +34,7 @@ from dsa_export.bench import memory
 from dsa_export.bench.backends import host_environment
 from dsa_export.bench.harness import fit_power_law, time_calls
 from dsa_export.bench.settings import MoEBenchSettings, MoEConfig
+from dsa_export.errors import DSAUserError
 
 SCHEMA = "dsa-export-bench-moe/1"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -52,6 +53,28 @@ def moe_flops(cfg: MoEConfig, experts: int, tokens: int) -> int:
 def batched_mm_gather_bytes(cfg: MoEConfig, tokens: int) -> int:
     """Bytes of the per-slot weight copies transformers' ``batched_mm`` holds at once."""
     return tokens * cfg.top_k * 3 * cfg.hidden * cfg.intermediate * _DTYPES[cfg.dtype].itemsize
+
+
+def layer_weight_bytes(cfg: MoEConfig, experts: int) -> int:
+    """Bytes of the parameters of :func:`build_block`'s layer (router, routed and shared experts)."""
+    values = experts * 3 * cfg.hidden * cfg.intermediate + cfg.shared_experts * 3 * cfg.hidden * cfg.intermediate
+    return (values + experts * cfg.hidden) * _DTYPES[cfg.dtype].itemsize
+
+
+def check_export_space(settings: MoEBenchSettings) -> None:
+    """Refuse, before any timing, a run whose ONNX Runtime export cannot fit in the temporary folder."""
+    import shutil
+
+    if "onnxruntime" not in settings.backends:
+        return
+    folder = tempfile.gettempdir()
+    needed = max(layer_weight_bytes(settings.layer, e) for e in settings.experts) + (256 << 20)
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise DSAUserError(
+            f"the onnxruntime backend exports the layer ({needed / 2**30:.1f} GiB with its graph) to {folder}, which "
+            f"has {free / 2**30:.1f} GiB free; point TMPDIR at a folder with room (e.g. /dev/shm) or drop onnxruntime."
+        )
 
 
 def build_block(cfg: MoEConfig, experts: int):
@@ -193,10 +216,12 @@ def _as_numpy(out) -> np.ndarray:
 def run_moe_bench(settings: MoEBenchSettings, progress: Callable[[str], None] | None = None) -> dict:
     """Time every (experts, backend, tokens) case and return the report (keys in docs/bench.md)."""
     say = progress or (lambda _msg: None)
+    check_export_space(settings)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     threads = settings.threads or torch.get_num_threads()
     started = _dt.datetime.now(_dt.timezone.utc)
+    environment = {"dsa_export": __version__, **host_environment()}  # load average before the run
     cfg = settings.layer
     torch_backends = [b for b in settings.backends if b != "onnxruntime"]
     layers, cases = [], []
@@ -209,18 +234,11 @@ def run_moe_bench(settings: MoEBenchSettings, progress: Callable[[str], None] | 
         with torch.inference_mode():
             references = {n: _as_numpy(layer.forward("eager")(make_tokens(cfg, n)))
                           for n in {check, min(settings.tokens)}}
-        for backend in torch_backends:
-            fn = layer.forward(backend)
-            cases += _run_curve(backend, experts, settings, say, lambda n, f=fn: _torch_call(f, make_tokens(cfg, n)))
-            n = check if _skip_reason(backend, cfg, check, settings.batched_mm_limit_gib) is None else min(settings.tokens)
-            if _skip_reason(backend, cfg, n, settings.batched_mm_limit_gib) is None:
-                with torch.inference_mode():
-                    info["agreement"][backend] = {"tokens": n, **_agreement(_as_numpy(fn(make_tokens(cfg, n))),
-                                                                            references[n])}
+        cases += _torch_curves(layer, torch_backends, settings, say, check, references, info["agreement"])
         if "onnxruntime" in settings.backends:
             say(f"exporting the E={experts} layer for onnxruntime")
             ort_backend = _OnnxRuntime(layer, threads)
-            del layer  # the session holds its own copy of the weights: free the torch one first
+            del layer  # the session has its own copy of the weights: free the torch one first
             gc.collect()
             memory.release_cached_memory()
             try:
@@ -228,10 +246,7 @@ def run_moe_bench(settings: MoEBenchSettings, progress: Callable[[str], None] | 
                 info.update(onnxruntime_export_s=round(ort_backend.export_s, 1),
                             onnxruntime_load_s=round(ort_backend.load_s, 1),
                             onnxruntime_load_rss_bytes=ort_backend.load_rss_bytes)
-                fn = ort_backend.forward()
-                cases += _run_curve("onnxruntime", experts, settings, say, lambda n: fn(make_tokens(cfg, n)))
-                info["agreement"]["onnxruntime"] = {"tokens": check, **_agreement(fn(make_tokens(cfg, check)),
-                                                                                  references[check])}
+                cases += _onnxruntime_curve(ort_backend, experts, settings, say, check, references, info["agreement"])
             finally:
                 ort_backend.close()
         else:
@@ -239,8 +254,7 @@ def run_moe_bench(settings: MoEBenchSettings, progress: Callable[[str], None] | 
         gc.collect()
         memory.release_cached_memory()
         layers.append(info)
-    environment = {"dsa_export": __version__, **host_environment(), "torch": torch.__version__,
-                   "torch_threads": torch.get_num_threads()}
+    environment.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
     try:
         import transformers
 
@@ -279,25 +293,62 @@ def run_moe_bench(settings: MoEBenchSettings, progress: Callable[[str], None] | 
     return report
 
 
+def _torch_curves(layer: _Layer, backends: list[str], settings: MoEBenchSettings, say, check: int,
+                  references: dict[int, np.ndarray], agreement: dict) -> list[dict]:
+    """Cases and output agreement of the torch backends. The backends take turns at each token
+    count, so that a ratio compares calls made minutes apart at most on a machine whose load
+    drifts; their closures end here, so deleting the layer afterwards frees its weights."""
+    cfg = layer.cfg
+    calls = {b: (lambda n, f=layer.forward(b): _torch_call(f, make_tokens(cfg, n))) for b in backends}
+    curves = {b: _Curve(b, layer.experts, settings, say, calls[b]) for b in backends}
+    for tokens in settings.tokens:
+        for backend in backends:
+            curves[backend].run(tokens)
+    for backend in backends:
+        n = check if _skip_reason(backend, cfg, check, settings.batched_mm_limit_gib) is None else min(settings.tokens)
+        if _skip_reason(backend, cfg, n, settings.batched_mm_limit_gib) is None:
+            agreement[backend] = {"tokens": n, **_agreement(_as_numpy(calls[backend](n)), references[n])}
+    return [case for tokens in settings.tokens for b in backends for case in curves[b].cases if case["tokens"] == tokens]
+
+
+def _onnxruntime_curve(backend: _OnnxRuntime, experts: int, settings: MoEBenchSettings, say, check: int,
+                       references: dict[int, np.ndarray], agreement: dict) -> list[dict]:
+    """Cases and output agreement of ONNX Runtime (its session is released with the closure here)."""
+    fn, cfg = backend.forward(), settings.layer
+    curve = _Curve("onnxruntime", experts, settings, say, lambda n: fn(make_tokens(cfg, n)))
+    for tokens in settings.tokens:
+        curve.run(tokens)
+    agreement["onnxruntime"] = {"tokens": check, **_agreement(fn(make_tokens(cfg, check)), references[check])}
+    return curve.cases
+
+
 def _torch_call(fn, x: torch.Tensor):
     with torch.inference_mode():
         return fn(x)
 
 
-def _run_curve(backend: str, experts: int, settings: MoEBenchSettings, say, call: Callable[[int], object]) -> list[dict]:
-    """Cases of one backend over the token counts (memory measured on the first timed call)."""
-    cases = []
-    warmup, too_slow_at = settings.warmup, None
-    for tokens in settings.tokens:
-        case: dict = {"experts": experts, "backend": backend, "tokens": tokens}
+class _Curve:
+    """One backend's cases over increasing token counts: warm-up while calls are short, skips for
+    batched_mm's gather bound and after a call over the time budget, memory on the first timed call."""
+
+    def __init__(self, backend: str, experts: int, settings: MoEBenchSettings, say, call: Callable[[int], object]):
+        self.backend, self.experts, self.settings, self.say, self.call = backend, experts, settings, say, call
+        self.warmup = settings.warmup
+        self.too_slow_at: int | None = None
+        self.cases: list[dict] = []
+
+    def run(self, tokens: int) -> None:
+        settings, backend = self.settings, self.backend
+        case: dict = {"experts": self.experts, "backend": backend, "tokens": tokens}
         reason = _skip_reason(backend, settings.layer, tokens, settings.batched_mm_limit_gib)
-        if reason is None and too_slow_at is not None:
-            reason = f"skipped: one call at N={too_slow_at} took longer than the {settings.time_budget_s:g} s time budget"
+        if reason is None and self.too_slow_at is not None:
+            reason = (f"skipped: one call at N={self.too_slow_at} took longer than the {settings.time_budget_s:g} s "
+                      "time budget")
         if reason is not None:
             case["skipped"] = reason
-            cases.append(case)
-            say(f"E={experts:<4} {backend:<12} N={tokens:<5} {reason}")
-            continue
+            self.cases.append(case)
+            self.say(f"E={self.experts:<4} {backend:<12} N={tokens:<5} {reason}")
+            return
         peak: dict[str, int | None] = {}
 
         def first_call(thunk):
@@ -306,20 +357,19 @@ def _run_curve(backend: str, experts: int, settings: MoEBenchSettings, say, call
             elapsed, peak["bytes"] = memory.measure_peak_rss(thunk)
             return elapsed
 
-        timing = time_calls(lambda: call(tokens), warmup=warmup, repeats=settings.repeats,
+        timing = time_calls(lambda: self.call(tokens), warmup=self.warmup, repeats=settings.repeats,
                             budget_s=settings.case_budget_s, first_call=first_call if settings.memory else None)
         case.update(timing.to_dict())
         if settings.memory:
             case["peak_bytes"] = peak.get("bytes")
         if case["min_s"] > settings.warmup_below_s:
-            warmup = 0
+            self.warmup = 0
         if case["min_s"] > settings.time_budget_s:
-            too_slow_at = tokens
-        cases.append(case)
+            self.too_slow_at = tokens
+        self.cases.append(case)
         mib = case.get("peak_bytes")
-        say(f"E={experts:<4} {backend:<12} N={tokens:<5} {case['median_s'] * 1e3:10.1f} ms"
-            + (f"  {mib / 2**20:8.1f} MiB" if mib is not None else "") + f"  ({case['repeats']} timed)")
-    return cases
+        self.say(f"E={self.experts:<4} {backend:<12} N={tokens:<5} {case['median_s'] * 1e3:10.1f} ms"
+                 + (f"  {mib / 2**20:8.1f} MiB" if mib is not None else "") + f"  ({case['repeats']} timed)")
 
 
 def moe_ratios(cases: list[dict]) -> list[dict]:
@@ -359,5 +409,5 @@ def moe_exponents(cases: list[dict]) -> dict[str, dict]:
     return result
 
 
-__all__ = ["SCHEMA", "batched_mm_gather_bytes", "build_block", "moe_exponents", "moe_flops", "moe_ratios",
-           "run_moe_bench"]
+__all__ = ["SCHEMA", "batched_mm_gather_bytes", "build_block", "check_export_space", "layer_weight_bytes",
+           "moe_exponents", "moe_flops", "moe_ratios", "run_moe_bench"]

@@ -132,7 +132,7 @@ def environment_lines(report: dict) -> list[str]:
     lines.append(f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores visible, "
                  f"load average (1/5/15 min) {env.get('load_average_1_5_15')} before, "
                  f"{env.get('load_average_after')} after")
-    versions = [f"{k} {env[k]}" for k in ("dsa_export", "torch", "onnxruntime", "python") if env.get(k)]
+    versions = [f"{k} {env[k]}" for k in ("dsa_export", "torch", "transformers", "onnxruntime", "python") if env.get(k)]
     threads = [f"{k.split('_')[0]} {env[k]}" for k in ("torch_threads", "onnxruntime_threads") if env.get(k)]
     lines.append("- versions: " + ", ".join(versions) + (f"; threads: {', '.join(threads)}" if threads else ""))
     if env.get("threading_env"):
@@ -206,7 +206,7 @@ def render_moe(report: dict, markdown: bool = False) -> str:
             layer_rows.append([str(layer["experts"]), f"{layer['weight_bytes'] / 2**30:.2f}", backend, str(a["tokens"]),
                                f"{a['max_abs_diff'] / a['max_abs_reference']:.1e}" if a["max_abs_reference"] else "-",
                                f"{a['cosine']:.9f}"])
-    out += [format_table(["E", "weights GiB", "backend", "N", "max |diff| / max |eager|", "cosine to eager"],
+    out += [format_table(["E", "weights GiB", "backend", "N", "max abs diff / max abs eager", "cosine to eager"],
                          layer_rows, markdown)]
     for layer in report["layers"]:
         if layer.get("onnxruntime_load_rss_bytes") is not None:
