@@ -59,8 +59,18 @@ def shared_expert_matmuls(model, experts_node):
         for v in n.input:
             consumers.setdefault(v, []).append(n)
     source = producers[experts_node.input[0]].input[0]  # tokens before the [N, H] reshape of the experts
-    gate, up = (n for n in consumers[f"{source}_dequantized"] if n.op_type == "MatMul")
-    routed = consumers[experts_node.output[0]][0].output[0]  # the routed output, back to [B, S, H]
-    add = next(n for n in consumers[routed] if n.op_type == "Add")
-    down = producers[next(v for v in add.input if v != routed)]
+    if f"{source}_dequantized" in consumers:
+        gate, up = (n for n in consumers[f"{source}_dequantized"] if n.op_type == "MatMul")
+        routed = consumers[experts_node.output[0]][0].output[0]  # the routed output, back to [B, S, H]
+        add = next(n for n in consumers[routed] if n.op_type == "Add")
+        down = producers[next(v for v in add.input if v != routed)]
+        return gate, up, down
+    # Streamed checkpoints export Linear layers as Gemm on the stored weight: find them by name
+    # (the shared expert of the same MoE block as the experts' stacked weights).
+    block = experts_node.input[3].rsplit(".experts.", 1)[0]
+    by_proj = {}
+    for n in model.graph.node:
+        if n.op_type in ("MatMul", "Gemm") and n.input[1].startswith(f"{block}.shared_experts."):
+            by_proj[n.input[1].split(".shared_experts.")[1].split(".")[0]] = n
+    gate, up, down = by_proj["gate_proj"], by_proj["up_proj"], by_proj["down_proj"]
     return gate, up, down
