@@ -80,6 +80,10 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
 
     model = onnx.load(str(path), load_external_data=False)
     if use_fp8_body(model, "stack"):
+        # Inlined here: two FP8 experts nodes inlined by the parser give layers of the same name.
+        from onnx.inliner import inline_local_functions
+
+        model = inline_local_functions(model)
         parsed = parser.parse(model.SerializeToString(), str(path))
     else:
         parsed = parser.parse_from_file(str(path))

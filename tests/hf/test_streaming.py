@@ -85,6 +85,13 @@ def test_fp8_checkpoint_keeps_fp8_weights_and_matches_transformers(fp8_checkpoin
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask).logits.numpy()
     assert np.abs(got - want).max() < 1e-4  # the same dequantized weights, in fp32 on both sides
+    pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed (the rtx extra)")
+    from dsa_export.trt.profiles import ShapeRange
+    from dsa_export.trt.rtx import build_engine
+
+    # Two FP8 experts nodes and the FP8 linears parse and build (SM89: FP8 needs Ada or newer).
+    assert sum(n.op_type == "DSAMoEExpertsFP8" for n in onnx.load(str(out.path)).graph.node) == 2
+    assert len(build_engine(out.path, ShapeRange({"batch": (1, 1, 2), "sequence": (1, 16, 64)})).engine) > 100_000
 
 
 def test_fp8_dequantize_writes_plain_weights(fp8_checkpoint, tmp_path):
