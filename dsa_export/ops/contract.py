@@ -103,15 +103,21 @@ SPARSE_ATTENTION = OpSpec(
     torch_name="sparse_attention",
     doc=(
         "Attention of every query head over the keys selected for its query (shared by all heads): "
-        "out[b,s,h] = softmax_j(scale * q[b,s,h] . k[b,i_j,g(h)]) @ v[b,i_j,g(h)] over the valid "
-        "indices i_j (entries of -1 or outside [0,T) are skipped), g(h) = h // (H / Hkv). A row "
-        "with no valid index gives zeros. Indices in a row are distinct (as DSAIndexerTopK emits "
+        "out[b,s,h] = softmax_j(scale * q[b,s,h] . k[b,i_j,g(h)]) @ val[b,i_j,g(h)] over the valid "
+        "indices i_j (entries of -1 or outside [0,T) are skipped), g(h) = h // (H / Hkv). The values "
+        "val are v, or, when v has no rows ([B,0,Hkv,Dv]), the first Dv channels of the keys "
+        "(Dv <= Dk; DeepSeek's absorbed MLA, whose values are the first kv_lora_rank latent channels). "
+        "A row with no valid index gives zeros. Indices in a row are distinct (as DSAIndexerTopK emits "
         "them). Accumulates in float32; the output has q's dtype."
     ),
     inputs=(
         TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
         TensorSpec("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
-        TensorSpec("v", "[B,T,Hkv,Dv]", FLOAT_TYPES),
+        # Values from keys is an empty v, not an absent one: a function body cannot test whether an
+        # optional input is present, and the empty v still carries Dv in its shape, so every
+        # consumer that takes the output shape from v (exporter, plugin, fake kernel) stays right.
+        TensorSpec("v", "[B,T,Hkv,Dv] or [B,0,Hkv,Dv]", FLOAT_TYPES,
+                   doc="Values, or no rows: the values are then the first Dv channels of k's rows."),
         TensorSpec("indices", "[B,S,K]", ("tensor(int32)",)),
     ),
     outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),

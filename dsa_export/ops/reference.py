@@ -51,10 +51,17 @@ def indexer_topk_reference(
 def sparse_attention_reference(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, indices: np.ndarray, *, scale: float
 ) -> np.ndarray:
-    """``[B,S,H,Dv]`` attention over the selected keys, in q's dtype; rows with no valid key are 0."""
+    """``[B,S,H,Dv]`` attention over the selected keys, in q's dtype; rows with no valid key are 0.
+
+    A ``v`` without rows (``[B,0,Hkv,Dv]``) means the values are the first Dv channels of the keys.
+    """
     q64, k64, v64 = _as_float64(q), _as_float64(k), _as_float64(v)
     b, s, h, _ = q64.shape
     t, hkv, dv = k64.shape[1], k64.shape[2], v64.shape[3]
+    if v64.shape[1] == 0 and t > 0:
+        if dv > k64.shape[3]:
+            raise ValueError(f"values from keys need Dv <= Dk, got Dv {dv} and Dk {k64.shape[3]}.")
+        v64 = k64[..., :dv]
     group = h // hkv
     out = np.zeros((b, s, h, dv), dtype=np.float64)
     for bi in range(b):

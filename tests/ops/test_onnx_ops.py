@@ -36,12 +36,13 @@ def indexer_model(h, d, topk, causal=1, dtype=FLOAT):
                   [helper.make_tensor_value_info("indices", TensorProto.INT32, ["B", "S", topk])])
 
 
-def attention_model(h, hkv, dk, dv, k_sel, scale, dtype=FLOAT):
+def attention_model(h, hkv, dk, dv, k_sel, scale, dtype=FLOAT, v_rows="T"):
+    """One DSASparseAttention node; ``v_rows="Tv"`` gives v its own row dim (0 rows: values from keys)."""
     node = helper.make_node("DSASparseAttention", ["q", "k", "v", "indices"], ["out"], domain="dsa",
                             scale=scale, **PLUGIN_ATTRIBUTES)
     return _model([node], [helper.make_tensor_value_info("q", dtype, ["B", "S", h, dk]),
                            helper.make_tensor_value_info("k", dtype, ["B", "T", hkv, dk]),
-                           helper.make_tensor_value_info("v", dtype, ["B", "T", hkv, dv]),
+                           helper.make_tensor_value_info("v", dtype, ["B", v_rows, hkv, dv]),
                            helper.make_tensor_value_info("indices", TensorProto.INT32, ["B", "S", k_sel])],
                   [helper.make_tensor_value_info("out", dtype, ["B", "S", h, dv])])
 
@@ -127,3 +128,145 @@ def test_reference_evaluator_runs_the_plugin_nodes():
     np.testing.assert_array_equal(got, indexer_topk_reference(q, k, w, lengths, topk=3, scale=8**-0.5))
     # and ONNX Runtime (function body) agrees with it
     assert _sets(_run(model, {"q": q, "k": k, "w": w, "lengths": lengths})) == _sets(got)
+
+
+def _indices(rng, b, s, t, k_sel, invalid=0.2):
+    idx = np.stack([rng.permutation(t + 3)[:k_sel] if k_sel <= t + 3 else np.arange(k_sel) for _ in range(b * s)])
+    return np.where(rng.random(idx.shape) < invalid, -1, idx).reshape(b, s, k_sel).astype(np.int32)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 2), s=st.integers(1, 6), t=st.integers(1, 16), group=st.sampled_from([1, 2, 4]),
+       hkv=st.sampled_from([1, 2]), k_sel=st.integers(1, 10), dv=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_attention_body_takes_values_from_keys(b, s, t, group, hkv, k_sel, dv, seed):
+    # An empty v ([B,0,Hkv,Dv]) means the values are the first Dv channels of the keys (MLA).
+    dk = 8
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, s, hkv * group, dk), dtype=np.float32)
+    k = rng.standard_normal((b, t, hkv, dk), dtype=np.float32)
+    idx = _indices(rng, b, s, t, k_sel)
+    empty = np.zeros((b, 0, hkv, dv), np.float32)
+    got = _run(attention_model(hkv * group, hkv, dk, dv, k_sel, 0.35, v_rows="Tv"),
+               {"q": q, "k": k, "v": empty, "indices": idx})
+    np.testing.assert_allclose(got, sparse_attention_reference(q, k, empty, idx, scale=0.35), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, sparse_attention_reference(q, k, k[..., :dv].copy(), idx, scale=0.35),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 700])
+def test_bodies_in_several_chunks_match_the_references(monkeypatch, chunk_elements):
+    # A budget of 1 value gives one query row per chunk; 700 gives chunks of a few rows with a
+    # partial last chunk (its padding rows repeat the last query and are dropped).
+    from dsa_export.ops import attention_onnx
+
+    monkeypatch.setattr(attention_onnx, "CHUNK_ELEMENTS", chunk_elements)
+    rng = np.random.default_rng(chunk_elements)
+    b, s, t, h, d, topk = 2, 11, 14, 16, 8, 5
+    q, k, w = (rng.standard_normal(x, dtype=np.float32) for x in ((b, s, h, d), (b, t, d), (b, s, h)))
+    lengths = np.array([t, 9], np.int32)
+    for causal in (0, 1):
+        got = _run(indexer_model(h, d, topk, causal), {"q": q, "k": k, "w": w, "lengths": lengths})
+        want = indexer_topk_reference(q, k, w, lengths, topk=topk, scale=d**-0.5, causal=bool(causal))
+        assert _sets(got) == _sets(want)
+    qa = rng.standard_normal((b, s, 4, 12), dtype=np.float32)
+    ka = rng.standard_normal((b, t, 2, 12), dtype=np.float32)
+    va = rng.standard_normal((b, t, 2, 6), dtype=np.float32)
+    idx = _indices(rng, b, s, t, 7)
+    got = _run(attention_model(4, 2, 12, 6, 7, 0.3), {"q": qa, "k": ka, "v": va, "indices": idx})
+    np.testing.assert_allclose(got, sparse_attention_reference(qa, ka, va, idx, scale=0.3), rtol=1e-5, atol=1e-5)
+
+
+def test_native_inlined_bodies_match():
+    import onnx.inliner
+
+    rng = np.random.default_rng(7)
+    q, k, w = (rng.standard_normal(x, dtype=np.float32) for x in ((1, 9, 16, 8), (1, 9, 8), (1, 9, 16)))
+    feed = {"q": q, "k": k, "w": w, "lengths": np.array([9], np.int32)}
+    model = indexer_model(16, 8, 4)
+    inlined = onnx.inliner.inline_local_functions(model)
+    assert not any(n.domain == "dsa" for n in inlined.graph.node)
+    np.testing.assert_array_equal(_run(inlined, feed), _run(model, feed))
+    qa, ka = rng.standard_normal((1, 9, 4, 8), dtype=np.float32), rng.standard_normal((1, 9, 1, 8), dtype=np.float32)
+    feed = {"q": qa, "k": ka, "v": np.zeros((1, 0, 1, 6), np.float32), "indices": _indices(rng, 1, 9, 9, 5)}
+    model = attention_model(4, 1, 8, 6, 5, 0.3, v_rows="Tv")
+    np.testing.assert_array_equal(_run(onnx.inliner.inline_local_functions(model), feed), _run(model, feed))
+
+
+def test_bodies_hold_one_chunk_not_the_sequence():
+    # S = T = 8192: the former mask-based bodies held [B,S,H,T] logits (1 GiB here) and a [B,S,T]
+    # mask; the chunked ones hold about one chunk (CHUNK_ELEMENTS float32 values per tensor).
+    from dsa_export.bench.memory import measure_peak_rss, peak_rss_supported
+
+    if not peak_rss_supported():
+        pytest.skip("peak RSS needs Linux procfs")
+    rng = np.random.default_rng(0)
+    s, h, d, topk = 8192, 4, 16, 16
+
+    def session(model):
+        options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = False
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    q, k, w = (rng.standard_normal(x, dtype=np.float32) for x in ((1, s, h, d), (1, s, d), (1, s, h)))
+    sess = session(indexer_model(h, d, topk))
+    feed = {"q": q, "k": k, "w": w, "lengths": np.array([s], np.int32)}
+    (idx,), peak = measure_peak_rss(lambda: sess.run(None, feed))
+    assert peak < 300 * 2**20, peak / 2**20
+    assert (idx[0, -1] >= 0).all() and (idx[0, 0, 1:] == -1).all()
+    qa, ka = rng.standard_normal((1, s, h, d), dtype=np.float32), rng.standard_normal((1, s, 1, d), dtype=np.float32)
+    sess = session(attention_model(h, 1, d, d, topk, 0.25, v_rows="Tv"))
+    feed = {"q": qa, "k": ka, "v": np.zeros((1, 0, 1, d), np.float32), "indices": idx}
+    (out,), peak = measure_peak_rss(lambda: sess.run(None, feed))
+    assert peak < 300 * 2**20, peak / 2**20
+    rows = [0, 17, s - 1]
+    want = sparse_attention_reference(qa[:, rows], ka, np.zeros((1, 0, 1, d)), idx[:, rows], scale=0.25)
+    np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-5)
+
+
+# TensorRT-RTX (CPU-only here): parse and AOT-build the chunked bodies.
+
+def _rtx_build(model, profile: dict) -> tuple[bool, str]:
+    trt = pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed")
+    messages = []
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                messages.append(msg)
+
+    logger = Logger()
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(model.SerializeToString()):
+        return False, "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+    config = builder.create_builder_config()
+    optimization = builder.create_optimization_profile()
+    for name, shapes in profile.items():
+        optimization.set_shape(name, *shapes)
+    config.add_optimization_profile(optimization)
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(trt.ComputeCapability.SM89, 0)
+    engine = builder.build_serialized_network(network, config)
+    return engine is not None and engine.nbytes > 0, "; ".join(messages)
+
+
+def _ranges(**dims):
+    """name -> (min, opt, max) shapes, from per-input lists of (min, opt, max) per dim."""
+    return {name: tuple(tuple(d[i] if isinstance(d, tuple) else d for d in shape) for i in range(3))
+            for name, shape in dims.items()}
+
+
+def test_tensorrt_rtx_builds_the_chunked_bodies():
+    batch, seq = (1, 1, 2), (1, 64, 512)
+    ok, log = _rtx_build(indexer_model(16, 8, 4), _ranges(q=[batch, seq, 16, 8], k=[batch, seq, 8],
+                                                          w=[batch, seq, 16], lengths=[batch]))
+    assert ok, log
+    for v_rows, v_seq in (("T", seq), ("Tv", 0)):  # the 4-input form and values from keys
+        ok, log = _rtx_build(attention_model(16, 1, 24, 16, 6, 0.3, v_rows=v_rows),
+                             _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
+                                     indices=[batch, seq, 6]))
+        assert ok, (v_rows, log)
