@@ -19,7 +19,7 @@ DOMAIN_VERSION = 1
 PLUGIN_NAMESPACE = "dsa"
 PLUGIN_VERSION = "1"
 
-#: Attributes every custom node carries so that TensorRT (10.15+) picks the registered plugin.
+#: Attributes every custom node carries so that TensorRT (10.7+) picks the registered plugin.
 PLUGIN_ATTRIBUTES = {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION}
 
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")

@@ -5,8 +5,10 @@ the precision builder flags are gone): precision comes from the ONNX file's type
 Q/DQ nodes. On TensorRT 10 we ask for a strongly typed network too, unless the file is fp32 and a
 lower precision was asked, in which case the FP16/BF16 builder flags do it (weak typing).
 
-The DSA nodes carry ``plugin_namespace="dsa"``; TensorRT 10.15+ turns them into plugin layers when
-our library's creators are registered, otherwise its parser inlines their ONNX function bodies.
+The DSA nodes carry ``plugin_namespace="dsa"``; from TensorRT 10.7 the parser turns them into plugin
+layers when our library's creators are registered, and otherwise inlines their ONNX function bodies.
+Before 10.7 (9.0 to 10.6) the parser prefers a node's local function to a registered plugin, so
+the bodies are built even with the library loaded (`check --for-build` warns about it).
 Nothing here imports TensorRT until a function is called.
 """
 
