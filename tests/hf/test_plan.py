@@ -14,6 +14,8 @@ import pytest
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.hf import plan as P
+from dsa_export.hf import sizes as S
+from dsa_export.hf.checkpoint import INDEX_NAME, read_header
 from dsa_export.hf.plan import Plan, parse_size, plan_stages
 
 GIB = 1 << 30
@@ -80,12 +82,12 @@ def write_release(path, config: dict, shards: int = 3, mtp_copies: bool = True) 
     """A real-width checkpoint laid out like the published release, sharded with an index."""
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config))
-    g = P.Geometry.from_config(config)
-    specs = P.embedding_tensors(g) + [t for i in range(g.layers) for t in P.layer_tensors(g, i)]
-    specs += P.head_tensors(g) + P.mtp_tensors(g)
+    g = S.Geometry.from_config(config)
+    specs = S.embedding_tensors(g) + [t for i in range(g.layers) for t in S.layer_tensors(g, i)]
+    specs += S.head_tensors(g) + S.mtp_tensors(g)
     if mtp_copies:
-        specs += [P.TensorSpec(f"model.layers.{g.layers}.embed_tokens.weight", (g.vocab, g.hidden)),
-                  P.TensorSpec(f"model.layers.{g.layers}.shared_head.head.weight", (g.vocab, g.hidden))]
+        specs += [S.TensorSpec(f"model.layers.{g.layers}.embed_tokens.weight", (g.vocab, g.hidden)),
+                  S.TensorSpec(f"model.layers.{g.layers}.shared_head.head.weight", (g.vocab, g.hidden))]
     entries = [e for t in specs for e in release_dtype(t.key, t.shape, g.fp8)]
     chunk = -(-len(entries) // shards)
     weight_map = {}
@@ -94,7 +96,7 @@ def write_release(path, config: dict, shards: int = 3, mtp_copies: bool = True) 
         part = entries[s * chunk:(s + 1) * chunk]
         write_safetensors(path / name, {k: (d, shape) for k, d, shape in part})
         weight_map.update({k: name for k, _, _ in part})
-    (path / P.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (path / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 def small(**extra) -> dict:
@@ -114,28 +116,28 @@ def test_inventory_is_what_save_pretrained_writes(checkpoints):
     """Keys, shapes and bytes from config.json equal transformers' own files, exactly (fp32, GLM-5 shared layers)."""
     for path in checkpoints.values():
         config, _ = P.load_config(path)
-        g = P.Geometry.from_config(config)
+        g = S.Geometry.from_config(config)
         header = {}
-        for shard in P.shard_files(path)[0]:
-            header.update({k: v for k, v in P.read_header(shard)[0].items() if k != "__metadata__"})
-        specs = P.embedding_tensors(g) + [t for i in range(g.layers) for t in P.layer_tensors(g, i)]
-        specs += P.head_tensors(g)
+        for shard in S.shard_files(path)[0]:
+            header.update({k: v for k, v in read_header(shard)[0].items() if k != "__metadata__"})
+        specs = S.embedding_tensors(g) + [t for i in range(g.layers) for t in S.layer_tensors(g, i)]
+        specs += S.head_tensors(g)
         assert {t.key: list(t.shape) for t in specs} == {k: v["shape"] for k, v in header.items()}
-        shards = P.shard_files(path)[0]
+        shards = S.shard_files(path)[0]
         for dtype in (None, "bf16"):
-            assert P.weights_from_headers(g, shards, dtype).layers == P.weights_from_config(g, dtype).layers
+            assert S.weights_from_headers(g, shards, dtype).layers == S.weights_from_config(g, dtype).layers
         plan = plan_stages(path, gpu_memory_bytes="4GiB", max_seq=64)
         assert plan.weights_source.startswith("safetensors headers")
-    assert "shared" in P.Geometry.from_config(P.load_config(checkpoints["glm_moe_dsa"])[0]).indexer_types
+    assert "shared" in S.Geometry.from_config(P.load_config(checkpoints["glm_moe_dsa"])[0]).indexer_types
 
 
 def test_fp8_release_headers_agree_with_config_arithmetic(tmp_path):
     """Real width, the release's dtypes: within 1e-4 per layer (the k_norm/bias dtypes the config cannot tell)."""
     config = small()
     write_release(tmp_path / "v32", config)
-    g = P.Geometry.from_config(config)
-    shards = P.shard_files(tmp_path / "v32")[0]
-    head, cfg = P.weights_from_headers(g, shards, None), P.weights_from_config(g, None)
+    g = S.Geometry.from_config(config)
+    shards = S.shard_files(tmp_path / "v32")[0]
+    head, cfg = S.weights_from_headers(g, shards, None), S.weights_from_config(g, None)
     for a, b in zip(head.layers, cfg.layers):
         assert abs(a - b) / a < 1e-4
     assert (head.embedding, head.head, head.parameters) == (cfg.embedding, cfg.head, cfg.parameters)
@@ -144,9 +146,9 @@ def test_fp8_release_headers_agree_with_config_arithmetic(tmp_path):
     assert abs(head.ignored_bytes - cfg.ignored_bytes - copies) / head.ignored_bytes < 1e-4
     moe = head.layers[1]
     assert 11.0e9 < moe < 12.0e9  # DESIGN.md: one MoE layer ~11 GB in FP8 ...
-    bf16 = P.weights_from_headers(g, shards, "bf16")
+    bf16 = S.weights_from_headers(g, shards, "bf16")
     assert 22.5e9 < bf16.layers[1] < 23.5e9  # ... ~22.5 GB of experts in bf16, scales dropped
-    assert bf16.layers == P.weights_from_config(g, "bf16").layers
+    assert bf16.layers == S.weights_from_config(g, "bf16").layers
     plan = plan_stages(tmp_path / "v32", gpu_memory_bytes="141GiB", max_seq=4096)
     assert plan.weights_source == "safetensors headers (3 shards)" and plan.ignored_bytes == head.ignored_bytes
 
@@ -164,8 +166,8 @@ def test_synthetic_generator_inventory_agrees(tmp_path, kind, precision):
     (path / "config.json").write_text(json.dumps(ckpt.config))
     for name, shard in zip(ckpt.shard_names(), ckpt.shards()):
         write_safetensors(path / name, {t.name: (t.dtype, t.shape) for t in shard})
-    g = P.Geometry.from_config(ckpt.config)
-    cfg, head = P.weights_from_config(g, None), P.weights_from_headers(g, P.shard_files(path)[0], None)
+    g = S.Geometry.from_config(ckpt.config)
+    cfg, head = S.weights_from_config(g, None), S.weights_from_headers(g, S.shard_files(path)[0], None)
     assert head.layers == list(ckpt.layer_bytes[:3]) and head.embedding == ckpt.embedding_bytes
     assert head.head == ckpt.head_bytes and head.ignored_bytes == ckpt.layer_bytes[3]
     for a, b in zip(head.layers, cfg.layers):
@@ -180,7 +182,7 @@ def test_missing_and_truncated_shards(tmp_path):
     first = tmp_path / "v32" / "model-00001-of-00002.safetensors"
     with open(first, "r+b") as handle:
         handle.truncate(first.stat().st_size // 2)
-    (tmp_path / "v32" / P.INDEX_NAME).unlink()
+    (tmp_path / "v32" / INDEX_NAME).unlink()
     with pytest.raises(DSAUserError, match="interrupted download"):
         plan_stages(tmp_path / "v32", gpu_memory_bytes="141GiB")
 
@@ -191,12 +193,12 @@ def test_tied_head_is_a_copy_on_the_last_stage(tmp_path):
     path = tmp_path / "tied"
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config))
-    g = P.Geometry.from_config(config)
-    specs = P.embedding_tensors(g) + [t for i in range(g.layers) for t in P.layer_tensors(g, i)]
+    g = S.Geometry.from_config(config)
+    specs = S.embedding_tensors(g) + [t for i in range(g.layers) for t in S.layer_tensors(g, i)]
     write_safetensors(path / "model.safetensors", {t.key: ("BF16", t.shape) for t in specs}
                       | {"model.norm.weight": ("BF16", (g.hidden,))})
-    w = P.weights_from_headers(g, [path / "model.safetensors"], None)
-    assert w.head == (g.vocab * g.hidden + g.hidden) * 2 == P.weights_from_config(g, None).head
+    w = S.weights_from_headers(g, [path / "model.safetensors"], None)
+    assert w.head == (g.vocab * g.hidden + g.hidden) * 2 == S.weights_from_config(g, None).head
 
 
 # -- the published models --------------------------------------------------------------------------
@@ -211,20 +213,20 @@ def test_published_parameter_totals():
     glm5 = plan_stages(GLM5, gpu_memory_bytes="141GiB")
     assert glm5.total_parameters == pytest.approx(744e9, rel=0.01)
     # ~37B active per token: everything but the 248 routed experts a token does not use.
-    g = P.Geometry.from_config(V32)
+    g = S.Geometry.from_config(V32)
     idle = (g.routed_experts - g.experts_per_token) * 3 * g.moe_intermediate * g.hidden
     active = v32.total_parameters - idle * g.mlp_types.count("sparse") - g.vocab * g.hidden  # embedding: a lookup
     assert active == pytest.approx(37e9, rel=0.03)
 
 
 def test_cache_matches_design_numbers():
-    g = P.Geometry.from_config(V32)
-    assert P.layer_cache_bytes(g, 0, 1, 1, 2) == 1408  # (512 + 64 + 128) values x 2 bytes
-    per_sequence = sum(P.layer_cache_bytes(g, i, 1, 131072, 2) for i in range(g.layers))
+    g = S.Geometry.from_config(V32)
+    assert S.layer_cache_bytes(g, 0, 1, 1, 2) == 1408  # (512 + 64 + 128) values x 2 bytes
+    per_sequence = sum(S.layer_cache_bytes(g, i, 1, 131072, 2) for i in range(g.layers))
     assert per_sequence == pytest.approx(11.26e9, rel=0.01)  # "~11 GB per 128K sequence"
-    glm = P.Geometry.from_config({**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3})
+    glm = S.Geometry.from_config({**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3})
     assert glm.indexer_types[:7] == ("full", "full", "full", "shared", "shared", "shared", "full")
-    assert P.layer_cache_bytes(glm, 3, 1, 1, 2) == 576 * 2 and P.layer_cache_bytes(glm, 2, 1, 1, 2) == 704 * 2
+    assert S.layer_cache_bytes(glm, 3, 1, 1, 2) == 576 * 2 and S.layer_cache_bytes(glm, 2, 1, 1, 2) == 704 * 2
     plan = plan_stages({**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3}, gpu_memory_bytes="141GiB",
                        stages=1, strict=False)
     assert plan.stages[0].cache_bytes == 8192 * 2 * (704 * glm.indexer_types.count("full")
@@ -232,19 +234,19 @@ def test_cache_matches_design_numbers():
 
 
 def test_activation_formulas_at_real_width():
-    g = P.Geometry.from_config(V32)
+    g = S.Geometry.from_config(V32)
     n = 131072
     # Absorbed MLA dominates a 128K prefill: q [L,128,576] + latent out [L,128,512] + indices + normed input.
     attention = n * 128 * 576 * 2 + n * 128 * 512 * 2 + n * 2048 * 4 + n * 7168 * 2
-    assert P.layer_transient_bytes(g, 10, 1, n, 2) == attention
-    assert P.indexer_workspace(1, n) == 256 << 20 and P.indexer_workspace(1, 4) == 64
-    costs = P.layer_costs(g, P.weights_from_config(g, None), batch=1, seq=n, act_bytes=2, cache_bytes=2,
+    assert S.layer_transient_bytes(g, 10, 1, n, 2) == attention
+    assert S.indexer_workspace(1, n) == 256 << 20 and S.indexer_workspace(1, 4) == 64
+    costs = S.layer_costs(g, S.weights_from_config(g, None), batch=1, seq=n, act_bytes=2, cache_bytes=2,
                           reserve_bytes=2 * GIB)
     last = costs.stage(0, 60, 61)
     assert last.activation_bytes - costs.stage(0, 59, 60).activation_bytes == n * 7168 * 2 + n * 129280 * 2
     # A cut in front of a GLM-5 "shared" layer hands the selection [B,L,index_topk] int32 across.
-    glm = P.Geometry.from_config({**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3})
-    costs = P.layer_costs(glm, P.weights_from_config(glm, None), batch=1, seq=n, act_bytes=2, cache_bytes=2,
+    glm = S.Geometry.from_config({**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3})
+    costs = S.layer_costs(glm, S.weights_from_config(glm, None), batch=1, seq=n, act_bytes=2, cache_bytes=2,
                           reserve_bytes=0)
     assert glm.indexer_types[6:11] == ("full", "shared", "shared", "shared", "full")
 
@@ -286,8 +288,8 @@ def test_n_split_is_optimal_and_auto_is_fewest_by_brute_force():
         n = rng.randint(1, 9)
         config = _random_config(rng, n)
         batch, seq = rng.choice([1, 3]), rng.choice([16, 700])
-        g = P.Geometry.from_config(config)
-        costs = P.layer_costs(g, P.weights_from_config(g, None), batch=batch, seq=seq, act_bytes=2, cache_bytes=2,
+        g = S.Geometry.from_config(config)
+        costs = S.layer_costs(g, S.weights_from_config(g, None), batch=batch, seq=seq, act_bytes=2, cache_bytes=2,
                               reserve_bytes=0)
 
         def brute(k: int) -> int:
@@ -343,7 +345,7 @@ def test_parse_size():
 def test_json_round_trip_and_table():
     plan = plan_stages(GLM5, gpu_memory_bytes="141GiB", max_batch=8, max_seq=8192)
     again = Plan.from_json(plan.to_json())
-    assert again == plan and isinstance(again.stages[0], P.StagePlan)
+    assert again == plan and isinstance(again.stages[0], S.StagePlan)
     table = plan.render_table().splitlines()
     assert table[0].split() == ["stage", "layers", "weights", "cache", "activations", "total", "fits"]
     assert table[1].split()[1] == "0:8+emb" and table[-2].split()[1].endswith("+head")
