@@ -20,7 +20,7 @@ from dsa_export.compat.probe import (
     plugin_library_state,
     probe_environment,
 )
-from dsa_export.compat.rules import Finding
+from dsa_export.compat.findings import Finding
 from dsa_export.compat.versions import parse_version
 from dsa_export.errors import DSAUserError
 
@@ -33,9 +33,15 @@ PLAN_MAGICS: dict[bytes, str] = {b"ftrt": "TensorRT", b"vtrt": "TensorRT-RTX"}
 HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 ENGINE_BACKENDS = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 
-# (engine major, runtime major) pairs a version-compatible engine may cross (TensorRT support matrix:
-# TensorRT 8 version-compatible engines run on TensorRT 10, TensorRT 10 ones on TensorRT 11).
-CROSS_MAJOR_VERSION_COMPATIBLE = {(8, 10), (10, 11)}
+# Version-compatible engines. TensorRT 10.16.1 Developer Guide, Version Compatibility
+# (docs.nvidia.com/deeplearning/tensorrt/10.16.1/inference-library/version-compatibility.html):
+# "engines built with TensorRT 8 work with TensorRT 9 and TensorRT 10 runtimes" and "Version
+# compatibility is supported from version 8.6; the plan must be built with a version at least 8.6
+# or higher, and the runtime must be 8.6 or higher." TensorRT 11.1.0 Engine Compatibility
+# (docs.nvidia.com/deeplearning/tensorrt/11.1.0/inference-library/engine-compatibility.html):
+# "engines built with TensorRT 10 work with TensorRT 11".
+VERSION_COMPATIBLE_SINCE = (8, 6)
+CROSS_MAJOR_VERSION_COMPATIBLE = {(8, 9), (8, 10), (9, 10), (10, 11)}
 
 # Components the gate needs when it probes by itself.
 GATE_COMPONENTS = ("driver", "tensorrt", "tensorrt_rtx", "plugin_library")
@@ -148,14 +154,16 @@ def read_requirements(engine: Path) -> EngineRequirements:
 
 
 def _runtime_accepts(
-    engine: tuple[int, ...], runtime: tuple[int, ...], version_compatible: bool
+    engine: tuple[int, ...], runtime: tuple[int, ...], version_compatible: bool, backend: str
 ) -> bool:
     if not version_compatible:
         length = max(3, min(len(engine), len(runtime)))
         return engine[:length] == runtime[:length]
+    if backend == "tensorrt" and engine[:2] < VERSION_COMPATIBLE_SINCE:
+        return False
     if engine[0] == runtime[0]:
         return runtime >= engine
-    return (engine[0], runtime[0]) in CROSS_MAJOR_VERSION_COMPATIBLE
+    return backend == "tensorrt" and (engine[0], runtime[0]) in CROSS_MAJOR_VERSION_COMPATIBLE
 
 
 def compare_engine(
@@ -179,7 +187,9 @@ def compare_engine(
         )
     else:
         runtime_version = parse_version(runtime.version) or ()
-        if not _runtime_accepts(engine_version, runtime_version, requirements.version_compatible):
+        if not _runtime_accepts(
+            engine_version, runtime_version, requirements.version_compatible, requirements.backend
+        ):
             how = "version-compatible " if requirements.version_compatible else ""
             findings.append(
                 Finding(

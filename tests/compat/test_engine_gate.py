@@ -203,3 +203,25 @@ def test_real_tensorrt_rtx_engine_has_a_known_plan_tag(tmp_path: Path) -> None:
     engine = tmp_path / "relu.engine"
     engine.write_bytes(bytes(serialized))
     assert sniff_engine(engine) == "TensorRT-RTX"
+
+
+@pytest.mark.parametrize(
+    ("engine_version", "accepted"),
+    [
+        ("8.5.3.1", False),  # version compatibility starts at 8.6
+        ("8.6.1.6", True),
+        ("9.3.0.1", True),
+        ("10.0.1.6", True),
+        ("10.4.0.26", False),  # a newer engine never runs on an older runtime
+    ],
+)
+def test_version_compatible_engines_from_older_majors_under_tensorrt_10(
+    tmp_path: Path, a100: EnvironmentProbe, engine_version: str, accepted: bool
+) -> None:
+    manifest = {
+        "trt_version": engine_version,
+        "compute_capability": "8.0",
+        "version_compatible": True,
+    }
+    found = [f.id for f in check_engine(_engine(tmp_path, manifest), a100)[1]]
+    assert found == ([] if accepted else ["engine_tensorrt_version_mismatch"])
