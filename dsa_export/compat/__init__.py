@@ -6,6 +6,7 @@ not touch CUDA; probing happens only when called.
 """
 
 from dsa_export.compat.engine_gate import EngineRequirements, check_engine, gate_engine
+from dsa_export.compat.matrix import CompatibilityMatrix, MatrixError, load_matrix
 from dsa_export.compat.probe import (
     ComponentRecord,
     EnvironmentProbe,
@@ -29,14 +30,17 @@ __all__ = [
     "PRECISIONS",
     "CheckReport",
     "CheckSettings",
+    "CompatibilityMatrix",
     "ComponentRecord",
     "EngineRequirements",
     "EnvironmentProbe",
     "Finding",
     "GpuRecord",
+    "MatrixError",
     "ProbeSettings",
     "check_engine",
     "gate_engine",
+    "load_matrix",
     "manifest_record",
     "probe_environment",
     "require_no_blocking",

@@ -19,6 +19,11 @@ CASES = [
 
 def test_every_issue_scenario_has_a_fixture() -> None:
     assert set(FIXTURE_NAMES) >= {
+        "l40s_cuda129_trt11",
+        "a10_cuda130_trt10130",
+        "rtx4090_cuda130_rtx11",
+        "a10g_cuda118_ort1181",
+        "h100_driver580_cuda131",
         "h200_driver580_cuda13_trt11",
         "a100_cuda124_trt103",
         "t4_tensorrt_rtx",
@@ -50,6 +55,8 @@ def test_every_finding_is_one_sentence_with_a_fix(name: str) -> None:
     for settings in (
         CheckSettings(),
         CheckSettings(for_build=True, backend="tensorrt", precision="fp8"),
+        CheckSettings(for_build=True, backend="onnxruntime", precision="bf16"),
+        CheckSettings(for_build=True, backend="tensorrt-rtx", precision="int8"),
     ):
         for finding in run_checks(settings, fixture_probe(name)).findings:
             assert finding.severity in ("error", "warning", "info")

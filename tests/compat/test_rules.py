@@ -169,11 +169,12 @@ def test_gpu_index_out_of_range(a100: EnvironmentProbe) -> None:
 def test_known_bad_message_names_the_installed_version() -> None:
     from .helpers import fixture_probe
 
-    report = run_checks(CheckSettings(), fixture_probe("cudnn805"))
+    ort = CheckSettings(backend="onnxruntime")
+    report = run_checks(ort, fixture_probe("cudnn805"))
     finding = next(f for f in report.findings if f.id == "cudnn_8_0_5_dsa_slowdown")
-    assert finding.message.startswith("cuDNN 8.0.5 ") and finding.source
+    assert "cuDNN 8.0.5 " in finding.message and "unverified" in finding.source
     fixed = _with(fixture_probe("cudnn805"), "cudnn", version="8.2.0")
-    assert "cudnn_8_0_5_dsa_slowdown" not in _ids(run_checks(CheckSettings(), fixed))
+    assert "cudnn_8_0_5_dsa_slowdown" not in _ids(run_checks(ort, fixed))
 
 
 def test_report_json_is_stable_and_complete(a100: EnvironmentProbe) -> None:
@@ -182,9 +183,10 @@ def test_report_json_is_stable_and_complete(a100: EnvironmentProbe) -> None:
     assert first == second
     data = json.loads(first)
     assert set(data) == {
-        "schema_version", "dsa_export_version", "matrix_version", "request", "ok",
+        "schema_version", "dsa_export_version", "matrix_version", "matrix", "request", "ok",
         "blocking", "counts", "findings", "engine", "environment",
     }  # fmt: skip
+    assert data["matrix"]["version"] == data["matrix_version"] and data["matrix"]["date"]
     assert data["ok"] is False and data["blocking"] == ["precision_unsupported"]
     assert data["request"] == {
         "for_build": True, "backend": "tensorrt", "resolved_backend": "tensorrt",
@@ -230,3 +232,145 @@ def test_onnxruntime_tensorrt_provider_built_for_another_tensorrt(a100: Environm
         details={"module_version": "10.0.1.6", "library_version": "10.0.1.6"},
     )
     assert "onnxruntime_tensorrt_mismatch" not in _ids(run_checks(CheckSettings(), matching))
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaps found when the matrix was checked against the vendors' documents
+
+
+def test_onnxruntime_release_missing_from_matrix_is_information(a100: EnvironmentProbe) -> None:
+    probe = _with(a100, "onnxruntime", version="1.99.0")
+    assert _severity(run_checks(CheckSettings(), probe), "onnxruntime_not_in_matrix") == "info"
+
+
+def test_cuda_release_missing_from_matrix_is_information_and_keeps_the_major_floor(
+    a100: EnvironmentProbe,
+) -> None:
+    probe = _with(a100, "cuda_runtime", version="12.7")  # no CUDA 12.7 was ever released
+    assert _severity(run_checks(CheckSettings(), probe), "cuda_not_in_matrix") == "info"
+    old = _with(probe, "driver", version="520.61.05")  # below the 12.x floor of 525
+    assert "driver_too_old_for_cuda" in [f.id for f in run_checks(CheckSettings(), old).blocking]
+
+
+def test_tensorrt_driver_floor_is_checked() -> None:
+    from .helpers import fixture_probe
+
+    probe = _with(fixture_probe("l40s_cuda129_trt11"), "cuda_runtime", version="12.1")
+    probe = _with(probe, "driver", version="530.30.02")  # runs CUDA 12.1, below TensorRT 11's r535
+    report = run_checks(CheckSettings(backend="tensorrt"), probe)
+    assert "tensorrt_driver_too_old" in [f.id for f in report.blocking]
+    assert _severity(run_checks(CheckSettings(), probe), "tensorrt_driver_too_old") == "warning"
+
+
+def test_cudnn_anecdote_is_information_for_cudnn_backends_only() -> None:
+    from .helpers import fixture_probe
+
+    probe = fixture_probe("cudnn805")
+    assert "cudnn_8_0_5_dsa_slowdown" not in _ids(run_checks(CheckSettings(), probe))
+    assert "cudnn_8_0_5_dsa_slowdown" not in _ids(
+        run_checks(CheckSettings(backend="tensorrt"), probe)
+    )
+    ort = run_checks(CheckSettings(backend="onnxruntime"), probe)
+    finding = next(f for f in ort.findings if f.id == "cudnn_8_0_5_dsa_slowdown")
+    assert finding.severity == "info" and finding.message.startswith("Anecdote")
+
+
+def test_cudnn_9_17_excludes_volta() -> None:
+    from .helpers import fixture_probe
+
+    probe = _with(
+        fixture_probe("volta_trt105"),
+        "cudnn",
+        version="9.17.0",
+        details={"built_for_cuda": "12.9", "raw": 91700},
+    )
+    report = run_checks(CheckSettings(backend="onnxruntime"), probe)
+    assert "cudnn_gpu_unsupported" in [f.id for f in report.blocking]
+
+
+def test_cudnn_release_missing_from_matrix_is_information(a100: EnvironmentProbe) -> None:
+    probe = _with(a100, "cudnn", version="9.99.0", details={"built_for_cuda": "12.9"})
+    assert _severity(run_checks(CheckSettings(), probe), "cudnn_not_in_matrix") == "info"
+
+
+def test_implicit_int8_is_deprecated_from_tensorrt_10_1(a100: EnvironmentProbe) -> None:
+    trt_10_0 = _with(
+        a100,
+        "tensorrt",
+        version="10.0.1.6",
+        details={"module_version": "10.0.1.6", "library_version": "10.0.1.6"},
+    )
+    int8 = CheckSettings(backend="tensorrt", precision="int8")
+    assert "tensorrt10_implicit_int8_deprecated" not in _ids(run_checks(int8, trt_10_0))
+    assert "tensorrt10_implicit_int8_deprecated" in _ids(run_checks(int8, a100))
+
+
+def test_build_below_tensorrt_10_7_warns_that_function_bodies_win(a100: EnvironmentProbe) -> None:
+    report = run_checks(CheckSettings(backend="tensorrt"), a100)  # TensorRT 10.3
+    finding = next(f for f in report.findings if f.id == "tensorrt_function_bodies_before_plugins")
+    assert finding.severity == "warning" and "10.7" in finding.fix
+    trt_10_7 = _with(
+        a100,
+        "tensorrt",
+        version="10.7.0.23",
+        details={"module_version": "10.7.0.23", "library_version": "10.7.0.23"},
+    )
+    assert "tensorrt_function_bodies_before_plugins" not in _ids(
+        run_checks(CheckSettings(backend="tensorrt"), trt_10_7)
+    )
+
+
+def test_a_finding_from_an_unverified_row_is_information_only(tmp_path) -> None:
+    from dsa_export.compat.matrix import MATRIX_PATH
+
+    from .helpers import fixture_probe
+
+    data = json.loads(MATRIX_PATH.read_text())
+    row = next(r for r in data["tensorrt"] if r["versions"].startswith(">=10.13.0,"))
+    row["evidence"] = [e for e in row["evidence"] if "cuda" not in e["fields"]]
+    row["unverified"] = {"cuda": "pretend no published text supports it"}
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps(data))
+    probe = fixture_probe("a10_cuda130_trt10130")
+    report = run_checks(CheckSettings(backend="tensorrt", matrix_path=path), probe)
+    finding = next(f for f in report.findings if f.id == "tensorrt_cuda_unsupported")
+    assert finding.severity == "info" and finding.verified is False and report.ok
+
+
+def test_the_toolkits_own_driver_runs_cuda_11_0_below_the_11x_floor(a100: EnvironmentProbe) -> None:
+    probe = _with(a100, "cuda_runtime", version="11.0")
+    ok = _with(probe, "driver", version="450.51.05")  # CUDA 11.0.2 GA's driver, below 450.80.02
+    assert "driver_too_old_for_cuda" not in _ids(run_checks(CheckSettings(), ok))
+    old = _with(probe, "driver", version="450.36.06")
+    assert "driver_too_old_for_cuda" in [f.id for f in run_checks(CheckSettings(), old).blocking]
+
+
+def test_onnxruntime_build_info_picks_the_build() -> None:
+    from .helpers import fixture_probe
+
+    ort = CheckSettings(backend="onnxruntime")
+    cuda12 = _with(
+        fixture_probe("a10g_cuda118_ort1181"), "onnxruntime", details={"build_cuda_version": "12.2"}
+    )  # the CUDA 12 build of 1.18.1 (cuDNN 9) on a CUDA 11.8 machine
+    blocked = [f.id for f in run_checks(ort, cuda12).blocking]
+    assert blocked == ["onnxruntime_cuda_mismatch", "onnxruntime_cudnn_mismatch"]
+    unknown = _with(
+        fixture_probe("a10g_cuda118_ort1181"),
+        "onnxruntime",
+        version="1.22.0",
+        details={"build_cuda_version": "11.8"},
+    )  # 1.22 ships CUDA 12 packages only
+    assert _severity(run_checks(ort, unknown), "onnxruntime_build_not_in_matrix") == "info"
+
+
+def test_cudnn_without_a_build_for_the_cuda_major() -> None:
+    from .helpers import fixture_probe
+
+    probe = _with(
+        fixture_probe("a10g_cuda118_ort1181"),
+        "cudnn",
+        version="9.17.0",
+        details={"built_for_cuda": "11.8"},
+    )  # cuDNN 9.17 ships CUDA 12 and 13 builds only
+    report = run_checks(CheckSettings(backend="onnxruntime"), probe)
+    assert "cudnn_cuda_unsupported" in [f.id for f in report.blocking]
