@@ -58,6 +58,12 @@ def render_table(report: CheckReport) -> str:
             lines.append(
                 f"  [{gpu.index}] {gpu.name} (compute capability {gpu.compute_capability}{memory})"
             )
+    matrix = report.matrix
+    lines.append(
+        f"Matrix: {matrix['version']} of {matrix['date']} ({matrix['path']}; "
+        + ", ".join(f"{n} {v}" for v, n in matrix["verdicts"].items())
+        + " rows)"
+    )
     request = report.request
     if request["for_build"]:
         lines.append(
@@ -121,6 +127,13 @@ def render_table(report: CheckReport) -> str:
     default=None,
     help="Check a saved environment (a `check --json` report) instead of probing this machine.",
 )
+@click.option(
+    "--matrix",
+    "matrix_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Use this compatibility matrix (a newer matrix.json, same schema) instead of the packaged one.",
+)
 def command(
     as_json: bool,
     for_build: bool,
@@ -130,6 +143,7 @@ def command(
     device: int | None,
     timeout: float | None,
     snapshot: Path | None,
+    matrix_path: Path | None,
 ) -> None:
     """Check the driver, CUDA, cuDNN, TensorRT, ONNX Runtime and torch against the compatibility matrix.
 
@@ -141,6 +155,7 @@ def command(
         precision=precision,
         engine=engine,
         device=device,
+        matrix_path=matrix_path,
         probe=ProbeSettings(timeout_s=timeout),
     )
     report = run_checks(settings, load_snapshot(snapshot) if snapshot else None)

@@ -67,6 +67,7 @@ def test_plain_check_does_not_block_on_a_cpu_only_snapshot() -> None:
         "[no_nvidia_driver]" in result.stdout
         and "Result: nothing blocks what was asked." in result.stdout
     )
+    assert "\nMatrix: 20" in result.stdout and "(packaged; " in result.stdout
 
 
 def test_tensorrt_build_is_blocked_on_a_cpu_only_snapshot() -> None:
@@ -112,3 +113,42 @@ def test_engine_mismatch_exits_1_with_the_reason(tmp_path: Path) -> None:
 def test_bad_option_is_a_usage_error() -> None:
     result = _check("--precision", "int4")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_check_json_names_the_matrix_version_and_date() -> None:
+    result = _check("--snapshot", str(FIXTURES / "cpu_only.json"), "--json")
+    matrix = json.loads(result.stdout)["matrix"]
+    assert matrix["version"] and matrix["date"] and matrix["path"] == "packaged"
+
+
+def test_a_newer_matrix_file_is_loaded(tmp_path: Path) -> None:
+    from dsa_export.compat.matrix import MATRIX_PATH
+
+    data = json.loads(MATRIX_PATH.read_text())
+    data["matrix_version"], data["matrix_date"] = "2099.01.1", "2099-01-15"
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(data))
+    result = _check("--snapshot", str(FIXTURES / "cpu_only.json"), "--matrix", str(newer), "--json")
+    assert result.returncode == 0, result.stderr
+    matrix = json.loads(result.stdout)["matrix"]
+    assert (matrix["version"], matrix["date"], matrix["path"]) == ("2099.01.1", "2099-01-15", str(newer))
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, "does not exist"),
+        ("{not json", "is not valid JSON"),
+        ('{"schema_version": 1, "matrix_version": "old"}', "schema_version"),
+    ],
+)
+def test_an_unusable_matrix_file_fails_in_one_sentence(
+    tmp_path: Path, content: str | None, words: str
+) -> None:
+    path = tmp_path / "matrix.json"
+    if content is not None:
+        path.write_text(content)
+    result = _check("--snapshot", str(FIXTURES / "cpu_only.json"), "--matrix", str(path))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("Error: ") and words in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
