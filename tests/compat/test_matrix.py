@@ -17,6 +17,10 @@ from dsa_export.compat.matrix import (
     unused_documents,
     validate_matrix,
 )
+from dsa_export.compat.matrix_doc import DOC_BEGIN, DOC_END, main, render_markdown
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "compat.md"
+
 
 @pytest.fixture(scope="module")
 def data() -> dict:
@@ -185,3 +189,17 @@ def test_source_text_quotes_the_document_or_says_why_not() -> None:
     rtx = matrix.release_row("tensorrt_rtx", "1.7.1")
     assert matrix.source_text(rtx, ("sm",)).startswith("tensorrt-rtx-1.7 (unverified: ")
     assert matrix.verdict(rtx) == "partly verified" and matrix.verdict(row) == "verified"
+
+
+def test_docs_list_every_row_as_the_matrix_renders_it() -> None:
+    """docs/compat.md embeds `python -m dsa_export.compat.matrix_doc`; regenerate it after editing the matrix."""
+    text = DOCS.read_text(encoding="utf-8")
+    listing = text[text.index(DOC_BEGIN) : text.index(DOC_END) + len(DOC_END)] + "\n"
+    assert listing == render_markdown(load_matrix())
+
+
+def test_the_markdown_command_prints_the_listing(capsys) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out == render_markdown(load_matrix())
+    assert all(f"`{row['id']}`" in out for _, row in load_matrix().rows())
