@@ -71,17 +71,40 @@ def dsa_indexer_topk(
 
 
 def dsa_sparse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    indices: torch.Tensor,
+    *,
+    scale: float,
+    v_head_dim: int | None = None,
 ) -> torch.Tensor:
-    """Attend every query head over its query's selected keys (see the op contract)."""
+    """Attend every query head over its query's selected keys (see the op contract).
+
+    ``v=None`` with ``v_head_dim=Dv`` takes the values from the keys: they are the first ``Dv``
+    channels of k's rows (DeepSeek's absorbed MLA, whose values are the first ``kv_lora_rank``
+    latent channels). The op then receives the contract's empty ``v`` (``[B,0,Hkv,Dv]``, a view of
+    k) and gathers each selected row once instead of once for the keys and once for the values.
+    """
     import torch
 
     from dsa_export.ops import torch_ops
 
+    if v is None:
+        _check(v_head_dim is not None and 0 < int(v_head_dim) <= k.shape[-1],
+               "values from keys (v=None) need 0 < v_head_dim <= the key head dim.")
+        v = k[:, :0, :, : int(v_head_dim)]
+    elif v_head_dim is not None:
+        _check(int(v_head_dim) == v.shape[-1], f"v_head_dim {v_head_dim} != v's head dim {v.shape[-1]}.")
     _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and indices.dim() == 3,
            "DSASparseAttention expects q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], indices [B,S,K].")
     _check(k.shape[3] == q.shape[3], f"k head dim {k.shape[3]} != q head dim {q.shape[3]}.")
-    _check(tuple(k.shape[:3]) == tuple(v.shape[:3]), f"k {tuple(k.shape)} and v {tuple(v.shape)} differ.")
+    if v.shape[1] == 0 and k.shape[1] > 0:
+        _check(v.shape[0] == k.shape[0] and v.shape[2] == k.shape[2] and v.shape[3] <= k.shape[3],
+               f"an empty v {tuple(v.shape)} (values from keys) must be [B,0,Hkv,Dv] with Dv <= Dk of k "
+               f"{tuple(k.shape)}.")
+    else:
+        _check(tuple(k.shape[:3]) == tuple(v.shape[:3]), f"k {tuple(k.shape)} and v {tuple(v.shape)} differ.")
     _check(q.shape[2] % k.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k.shape[2]}.")
     _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]), "indices must be [B,S,K] of q.")
     return torch_ops.sparse_attention(q, k, v, indices.to(torch.int32), float(scale))

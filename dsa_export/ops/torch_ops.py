@@ -27,81 +27,122 @@ def _chunk_rows(total: int, bytes_per_row: int) -> int:
     return max(1, min(total, _CHUNK_BYTES // max(1, bytes_per_row)))
 
 
-def allowed_keys(
-    batch: int, s: int, t: int, *, causal: bool, lengths: torch.Tensor | None, device, row_start: int = 0,
-    rows: int | None = None,
-) -> torch.Tensor:
-    """Boolean ``[B or 1, rows, T]`` mask of the keys that queries ``row_start..`` may select."""
-    rows = s - row_start if rows is None else rows
-    key_pos = torch.arange(t, device=device)
-    mask = torch.ones(1, rows, t, dtype=torch.bool, device=device)
-    if causal:
-        query_pos = torch.arange(row_start, row_start + rows, device=device) + (t - s)
-        mask = mask & (key_pos[None, None, :] <= query_pos[None, :, None])
-    if lengths is not None:
-        valid = key_pos[None, :] < lengths.to(device=device, dtype=torch.int64)[:, None]  # [B,T]
-        mask = mask & valid[:, None, :]
-    return mask
+#: float32 values of one indexer logits tile ([rows * H_I, key block]): 1 M values (4 MiB) keeps
+#: the tile cache-resident between its GEMM, the ReLU and the head reduction.
+_INDEXER_TILE = 1 << 20
+#: Keys per logits tile at least; the query rows of a chunk follow from it (256 rows with 4 heads,
+#: enough to amortize the dozen small ops of each chunk's selection).
+_KEY_BLOCK = 1024
 
 
-def _select_topk(scores: torch.Tensor, allowed: torch.Tensor, topk: int) -> torch.Tensor:
-    """Top-``topk`` allowed positions per row of ``scores`` ``[..., T]``, ties to the lower index.
+def _tie_fill(scores: torch.Tensor, kk: int) -> torch.Tensor:
+    """Positions ``[R, kk]`` (ascending) of the top ``kk`` of each row, ties at the k-th value taken
+    in index order: what ONNX TopK and the op contract specify, and what torch.topk does not."""
+    n = scores.shape[-1]
+    threshold = scores.topk(kk, dim=-1, sorted=False).values.min(-1, keepdim=True).values
+    above = scores > threshold
+    tied = scores == threshold
+    room = kk - above.sum(-1, keepdim=True)
+    chosen = above | (tied & (tied.cumsum(-1) <= room))
+    slot = torch.where(chosen, chosen.cumsum(-1) - 1, kk)
+    fixed = torch.full((scores.shape[0], kk + 1), n, dtype=torch.int64, device=scores.device)
+    fixed.scatter_(-1, slot, torch.arange(n, device=scores.device).expand_as(slot))
+    return fixed[:, :kk]
 
-    Returns int32 ``[..., topk]`` in ascending key order, -1 padded. torch.topk does not order
-    ties, so when a row holds more keys equal to its k-th value than fit, the tied keys are taken
-    in index order (what ONNX TopK and the op contract specify). Rows without such a tie take
-    torch.topk's answer directly, which is the common case and costs only a few passes.
+
+def _exact_top_positions(scores: torch.Tensor, kk: int) -> torch.Tensor:
+    """int64 ``[R, kk]`` positions of the ``kk`` best entries of each row (any order), ties at the
+    k-th value in index order. Every row holds more than ``kk`` finite scores.
+
+    One torch.topk of ``kk + 1`` finds the top set and tells whether it is ambiguous: a row whose
+    ``kk``-th and ``kk + 1``-th values are equal has a tie at the boundary, and only those rows are
+    redone with the index-ordered tie fill (rare with real scores, common in tiny models: ReLU
+    gives exact zeros). The row with no tie drops its ``kk + 1``-th entry.
     """
-    t = scores.shape[-1]
-    kk = min(topk, t)
-    out_shape = (*scores.shape[:-1], topk)
-    if kk == 0:
-        return torch.full(out_shape, -1, dtype=torch.int32, device=scores.device)
-    neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
-    masked = torch.where(allowed, scores, neg_inf)
-    values, positions = masked.topk(kk, dim=-1, sorted=True)
-    threshold = values[..., -1:]
-    # A row is ambiguous when keys equal to its (finite) k-th value were left out of the top-k.
-    # With an infinite k-th value the row has fewer allowed keys than k, and all of them are in.
-    ambiguous = ((masked == threshold).sum(-1, keepdim=True) != (values == threshold).sum(-1, keepdim=True)) & (
-        threshold > neg_inf
-    )
-    positions = torch.where(values > neg_inf, positions, t)  # disallowed picks become t for now
-    rows = ambiguous.reshape(-1).nonzero().squeeze(1)
-    if rows.numel():
-        # Redo only the ambiguous rows, taking tied keys in index order.
-        flat_masked = masked.reshape(-1, t)[rows]
-        row_threshold = threshold.reshape(-1, 1)[rows]
-        above = flat_masked > row_threshold
-        tied = flat_masked == row_threshold
-        room = kk - above.sum(-1, keepdim=True)
-        chosen = above | (tied & (tied.cumsum(-1) <= room))
-        slot = torch.where(chosen, chosen.cumsum(-1) - 1, torch.full_like(flat_masked, kk, dtype=torch.int64))
-        fixed = torch.full((rows.numel(), kk + 1), t, dtype=torch.int64, device=scores.device)
-        fixed.scatter_(-1, slot, torch.arange(t, device=scores.device).expand_as(slot))
-        positions = positions.reshape(-1, kk).index_copy(0, rows, fixed[:, :kk]).reshape(positions.shape)
-    positions = positions.sort(dim=-1).values
-    positions = torch.where(positions < t, positions, -1)
-    if kk < topk:
-        positions = torch.cat((positions, positions.new_full((*scores.shape[:-1], topk - kk), -1)), -1)
-    return positions.to(torch.int32)
+    values, positions = scores.topk(kk + 1, dim=-1, sorted=False)  # sorting the top would cost more
+    last_value, last = values.min(-1, keepdim=True)  # the (kk+1)-th best: dropped
+    kth_value = values.scatter(1, last, float("inf")).min(-1).values
+    keep = torch.ones_like(positions, dtype=torch.bool).scatter_(1, last, False)
+    top = positions[keep].view(-1, kk)
+    ambiguous = (kth_value == last_value.squeeze(1)).nonzero().squeeze(1)
+    if ambiguous.numel():
+        top = top.index_copy(0, ambiguous, _tie_fill(scores.index_select(0, ambiguous), kk))
+    return top
 
 
-def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
-    """float32 ``[B,S,T]`` index scores ``sum_h w * ReLU(scale * q_h . k)``.
+#: A row is filtered before its top-k once it has this many times ``topk`` keys.
+_FILTER_RATIO = 4
+#: Sample stride of the filter's threshold estimate.
+_SAMPLE_STRIDE = 16
 
-    One ``[S,D] @ [D,T]`` product per head accumulated into the output in place: the ``[S,T]``
-    working set stays cache-sized, where a single ``[S*H,D] @ [D,T]`` product followed by the
-    head reduction streams ``H`` times more memory (measured 2x slower on CPU at S = T = 2048).
+
+def _top_positions(scores: torch.Tensor, kk: int) -> torch.Tensor:
+    """int64 ``[R, kk]``: ascending positions of the ``kk`` best keys of each row of ``scores``.
+
+    torch.topk costs several ns per key (its CPU kernel copies every row into (value, index)
+    pairs), so long rows are filtered first, in time linear in the row: a threshold from the
+    top of a strided sample of the row (about twice the keys needed pass it), one compare pass and
+    ``nonzero`` keep the candidates in key order, and the exact top-k (ties in index order) runs on
+    those only. The filter is exact: a row that kept fewer than ``kk`` candidates, which a
+    sample cannot promise, takes the unfiltered path.
     """
-    b, s, h, _ = q.shape
-    qs = (q.float() * scale).transpose(1, 2).contiguous()  # [B,H,S,D]: one contiguous block per head
-    kt = k.float().transpose(1, 2).contiguous()  # [B,D,T], laid out once instead of per product
-    wf = w.float()
-    out = torch.zeros(b, s, k.shape[1], dtype=torch.float32, device=q.device)
-    for head in range(h):
-        out.addcmul_(torch.matmul(qs[:, head], kt).clamp_min_(0.0), wf[:, :, head, None])
-    return out
+    rows, n = scores.shape
+    if n < _FILTER_RATIO * kk:
+        return _ascending(_exact_top_positions(scores, kk), n)
+    picks = max(1, (2 * kk) // _SAMPLE_STRIDE)
+    threshold = scores[:, ::_SAMPLE_STRIDE].topk(picks, dim=-1, sorted=False).values.min(-1, keepdim=True).values
+    row, col = (scores >= threshold).nonzero(as_tuple=True)
+    counts = torch.bincount(row, minlength=rows)
+    widest = int(counts.max())
+    if widest * 2 > n:  # a flat row (many equal scores): filtering does not pay
+        return _ascending(_exact_top_positions(scores, kk), n)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(row.numel(), device=scores.device) - starts.index_select(0, row)
+    # Candidates packed to the left of each row, in key order (nonzero is row-major), -inf padded.
+    packed = torch.full((rows, widest), float("-inf"), dtype=scores.dtype, device=scores.device)
+    packed[row, rank] = scores[row, col]
+    keys = torch.zeros((rows, widest), dtype=torch.int64, device=scores.device)
+    keys[row, rank] = col
+    enough = counts > kk  # > kk finite candidates: the top kk of the row are all among them
+    if bool(enough.all()):
+        # Packed columns are in key order, so the chosen ones in column order are ascending keys.
+        return keys.gather(1, _ascending(_exact_top_positions(packed, kk), widest))
+    result = torch.empty((rows, kk), dtype=torch.int64, device=scores.device)
+    good = enough.nonzero().squeeze(1)
+    if good.numel():
+        sub = _ascending(_exact_top_positions(packed.index_select(0, good), kk), widest)
+        result.index_copy_(0, good, keys.index_select(0, good).gather(1, sub))
+    short = (~enough).nonzero().squeeze(1)
+    result.index_copy_(0, short, _ascending(_exact_top_positions(scores.index_select(0, short), kk), n))
+    return result
+
+
+def _ascending(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``[R, kk]`` distinct positions (< n) of each row in ascending order, without a sort."""
+    rows, kk = positions.shape
+    chosen = torch.zeros((rows, n), dtype=torch.bool, device=positions.device)
+    chosen.scatter_(1, positions, True)
+    return chosen.nonzero(as_tuple=True)[1].view(rows, kk)
+
+
+def _index_scores(q_rows: torch.Tensor, keys: torch.Tensor, w_rows: torch.Tensor, out: torch.Tensor,
+                  tile: torch.Tensor) -> None:
+    """``out [c, n] = sum_h w[c,h] * ReLU(q[c,h] . keys[n])`` (q already scaled), tile by tile.
+
+    One GEMM ``[c*H, D] @ [D, block]`` per key block (all heads of the chunk in one product, so it
+    runs at GEMM speed), ReLU in place, then the head-weighted sum as a batched ``[1,H] @ [H,block]``
+    product, all while the tile is cache-resident.
+    """
+    c, h, d = q_rows.shape
+    queries = q_rows.reshape(c * h, d)
+    weights = w_rows.unsqueeze(1)  # [c,1,H]
+    n = keys.shape[0]
+    block = max(1, tile.numel() // (c * h))
+    for j0 in range(0, n, block):
+        j1 = min(n, j0 + block)
+        logits = torch.mm(queries, keys[j0:j1].t(), out=tile[: c * h * (j1 - j0)].view(c * h, j1 - j0))
+        logits.clamp_min_(0.0)
+        out[:, j0:j1] = torch.bmm(weights, logits.view(c, h, j1 - j0)).view(c, j1 - j0)
 
 
 @torch.library.custom_op(f"{DOMAIN}::indexer_topk", mutates_args=())
@@ -114,22 +155,63 @@ def indexer_topk(
     scale: float,
     causal: bool,
 ) -> torch.Tensor:
-    b, s, h, _ = q.shape
+    b, s, h, d = q.shape
     t = k.shape[1]
-    out = torch.empty(b, s, topk, dtype=torch.int32, device=q.device)
-    rows = _chunk_rows(s, b * t * 6 * 4)  # scores, one head's logits, masks
-    for start in range(0, s, rows):
-        stop = min(s, start + rows)
-        scores = indexer_scores(q[:, start:stop], k, w[:, start:stop], scale)
-        allowed = allowed_keys(b, s, t, causal=causal, lengths=lengths, device=q.device, row_start=start,
-                               rows=stop - start).expand(b, -1, -1)
-        out[:, start:stop] = _select_topk(scores, allowed, topk)
+    out = torch.full((b, s, topk), -1, dtype=torch.int32, device=q.device)
+    if b * s == 0 or t == 0:
+        return out
+    queries = q.float() * scale  # [B,S,H,D]
+    keys = k.float()
+    weights = w.float()
+    limits = [t] * b if lengths is None else lengths.clamp(0, t).tolist()
+    # Query rows per chunk: a logits tile of _INDEXER_TILE values covers at least _KEY_BLOCK keys.
+    rows = max(1, min(s, _INDEXER_TILE // (h * min(t, _KEY_BLOCK))))
+    tile = torch.empty(max(_INDEXER_TILE, h * min(t, _KEY_BLOCK)), dtype=torch.float32, device=q.device)
+    score_buffer = torch.empty(rows * t, dtype=torch.float32, device=q.device)
+    slots = torch.arange(topk, device=q.device)
+    for bi in range(b):
+        limit = int(limits[bi])
+        for start in range(0, s, rows):
+            stop = min(s, start + rows)
+            # Query r may select the key prefix [0, allowed[r]): causal and length limits are
+            # ranges, so no mask is built and keys past the chunk's last allowed one are never scored.
+            first_pos = t - s + start
+            if causal:
+                allowed = (torch.arange(first_pos + 1, first_pos + 1 + stop - start, device=q.device)
+                           .clamp_(0, limit))
+            else:
+                allowed = torch.full((stop - start,), limit, device=q.device)
+            n_keys = int(allowed[-1]) if causal else limit
+            if n_keys == 0:
+                continue
+            # Rows with at most topk allowed keys select all of them, whatever their scores.
+            scored = int((allowed <= topk).sum())
+            if scored:
+                few = allowed[:scored]
+                out[bi, start:start + scored] = torch.where(slots < few[:, None], slots, -1).to(torch.int32)
+            if scored == stop - start:
+                continue
+            lo = start + scored
+            c = stop - lo
+            scores = score_buffer[: c * n_keys].view(c, n_keys)
+            _index_scores(queries[bi, lo:stop], keys[bi, :n_keys], weights[bi, lo:stop], scores, tile)
+            if causal:
+                # Only the last c keys can lie past a row's limit (the causal triangle of the chunk).
+                tail = max(0, n_keys - c)
+                past = torch.arange(tail, n_keys, device=q.device)[None, :] >= allowed[scored:, None]
+                scores[:, tail:].masked_fill_(past, float("-inf"))
+            out[bi, lo:stop] = _top_positions(scores, topk).to(torch.int32)
     return out
 
 
 @indexer_topk.register_fake
 def _indexer_topk_fake(q, k, w, lengths, topk, scale, causal):
     return q.new_empty((q.shape[0], q.shape[1], topk), dtype=torch.int32)
+
+
+def values_from_keys(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``v`` is the contract's empty value tensor: the values are the first Dv channels of k."""
+    return v.shape[1] == 0 and k.shape[1] > 0
 
 
 @torch.library.custom_op(f"{DOMAIN}::sparse_attention", mutates_args=())
@@ -141,24 +223,55 @@ def sparse_attention(
     n_sel = indices.shape[2]
     group = h // hkv
     out = torch.empty(b, s, h, dv, dtype=q.dtype, device=q.device)
-    # Rows of all kv heads of a token, flattened so one index_select fetches a selected token.
-    k_rows = k.float().reshape(b * t, hkv * dk)
-    v_rows = v.float().reshape(b * t, hkv * dv)
+    if b * s == 0:
+        return out
+    if t == 0 or n_sel == 0:
+        return out.zero_()
+    from_keys = values_from_keys(k, v)
+    # Rows of all kv heads of a token, keys then values, so that one index_select fetches a
+    # selected token for every head; with values from keys the values are a view of the keys.
+    if from_keys:
+        kv_rows = k.float().reshape(b * t, hkv * dk)
+    else:
+        kv_rows = torch.cat((k.float().reshape(b * t, hkv * dk), v.float().reshape(b * t, hkv * dv)), dim=1)
+    v_offset = hkv * dk
+    width = kv_rows.shape[1]
     batch_offset = (torch.arange(b, device=q.device) * t).view(b, 1, 1)
-    rows = _chunk_rows(s, b * n_sel * (hkv * (dk + dv) + 2 * h) * 4)
+    rows = _chunk_rows(s, b * n_sel * (width + 3 * h) * 4)
+    # One buffer for the gathered rows of every chunk: a fresh tensor of that size per chunk is
+    # a fresh mapping whose page faults cost more than the gather itself (measured 7x on CPU).
+    gathered = torch.empty(b * rows * n_sel * width, dtype=torch.float32, device=q.device)
     for start in range(0, s, rows):
         stop = min(s, start + rows)
         c = stop - start
         idx = indices[:, start:stop].long()
         valid = (idx >= 0) & (idx < t)  # [B,c,K]
+        # Slots past the last valid one of every row of the chunk hold no key: early queries of
+        # a prefill have fewer than K allowed keys and the indexer pads them with -1 at the end.
+        used = int(valid.reshape(-1, n_sel).any(0).nonzero().max()) + 1 if bool(valid.any()) else 0
+        if used == 0:
+            out[:, start:stop] = 0
+            continue
+        idx, valid = idx[..., :used], valid[..., :used]
         flat = (torch.where(valid, idx, 0) + batch_offset).reshape(-1)
+        sel = torch.index_select(kv_rows, 0, flat, out=gathered[: flat.numel() * width].view(-1, width))
+        sel = sel.view(b, c, used, width)
         # Each selected token is read once and serves every query head of every group.
-        k_sel = k_rows.index_select(0, flat).view(b, c, n_sel, hkv, dk).transpose(2, 3)  # [B,c,Hkv,K,Dk]
-        v_sel = v_rows.index_select(0, flat).view(b, c, n_sel, hkv, dv).transpose(2, 3)  # [B,c,Hkv,K,Dv]
-        qg = q[:, start:stop].float().reshape(b, c, hkv, group, dk)
-        logits = torch.matmul(k_sel, qg.transpose(-1, -2)).transpose(-1, -2) * scale  # [B,c,Hkv,G,K]
-        logits = logits.masked_fill(~valid[:, :, None, None, :], float("-inf"))
-        probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows without a valid key -> 0
+        k_sel = sel[..., : hkv * dk].unflatten(-1, (hkv, dk)).transpose(2, 3)  # [B,c,Hkv,K,Dk]
+        if from_keys:
+            v_sel = k_sel[..., :dv]
+        else:
+            v_sel = sel[..., v_offset:].unflatten(-1, (hkv, dv)).transpose(2, 3)  # [B,c,Hkv,K,Dv]
+        # The scale goes on the (small) queries; logits come out [.., G, K] so softmax runs along
+        # contiguous memory.
+        qg = (q[:, start:stop].float() * scale).reshape(b, c, hkv, group, dk)
+        logits = torch.matmul(qg, k_sel.transpose(-1, -2))  # [B,c,Hkv,G,K]
+        complete = bool(valid.all())
+        if not complete:
+            logits.masked_fill_(~valid[:, :, None, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if not complete:
+            probs.nan_to_num_(0.0)  # rows without a valid key -> 0
         res = torch.matmul(probs, v_sel)  # [B,c,Hkv,G,Dv]
         out[:, start:stop] = res.reshape(b, c, h, dv).to(q.dtype)
     return out

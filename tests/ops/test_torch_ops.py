@@ -131,7 +131,9 @@ def test_chunking_gives_the_same_result(monkeypatch):
     qa, ka, va = _rand(2, 33, 4, 8, gen=gen), _rand(2, 33, 1, 8, gen=gen), _rand(2, 33, 1, 8, gen=gen)
     whole_idx = dsa_indexer_topk(q, k, w, topk=5, scale=0.3)
     whole_out = dsa_sparse_attention(qa, ka, va, whole_idx, scale=0.3)
-    monkeypatch.setattr(torch_ops, "_CHUNK_BYTES", 1)  # one query row per chunk
+    monkeypatch.setattr(torch_ops, "_CHUNK_BYTES", 1)  # one query row per attention chunk
+    monkeypatch.setattr(torch_ops, "_INDEXER_TILE", 1)  # one indexer row per chunk, one key per tile
+    monkeypatch.setattr(torch_ops, "_KEY_BLOCK", 1)
     assert torch.equal(dsa_indexer_topk(q, k, w, topk=5, scale=0.3), whole_idx)
     torch.testing.assert_close(dsa_sparse_attention(qa, ka, va, whole_idx, scale=0.3), whole_out)
 
@@ -159,3 +161,86 @@ def test_fake_kernels_pass_opcheck():
 def test_bad_arguments_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("case", ATTN_CASES)
+def test_sparse_attention_values_from_keys(case):
+    # v=None: the values are the first Dv channels of the keys (MLA's absorbed form); the op gets
+    # the contract's empty v and must equal the same call with v = k[..., :Dv] given explicitly.
+    b, s, t, h, hkv, dk, _, k_sel = case
+    dv = dk // 2
+    gen = torch.Generator().manual_seed(hash(case) % 2**31 + 1)
+    q, k = _rand(b, s, h, dk, gen=gen), _rand(b, t, hkv, dk, gen=gen)
+    idx = _distinct_indices(b, s, k_sel, t, gen)
+    got = dsa_sparse_attention(q, k, None, idx, scale=dk**-0.5, v_head_dim=dv)
+    assert got.shape == (b, s, h, dv)
+    torch.testing.assert_close(got, dsa_sparse_attention(q, k, k[..., :dv].contiguous(), idx, scale=dk**-0.5))
+    want = sparse_attention_reference(q.numpy(), k.numpy(), np.zeros((b, 0, hkv, dv), np.float32), idx.numpy(),
+                                      scale=dk**-0.5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_attention_trailing_invalid_slots_are_skipped_exactly():
+    # The op trims slots past the last valid one of a chunk; slots in the middle stay masked.
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = _rand(1, 4, 4, 8, gen=gen), _rand(1, 12, 1, 8, gen=gen), _rand(1, 12, 1, 8, gen=gen)
+    idx = torch.tensor([[[3, -1, 5, -1, -1, -1], [0, 1, -1, -1, -1, -1], [-1, -1, -1, -1, -1, -1],
+                         [11, -1, -1, 2, -1, -1]]], dtype=torch.int32)
+    want = sparse_attention_reference(q.numpy(), k.numpy(), v.numpy(), idx.numpy(), scale=0.4)
+    np.testing.assert_allclose(dsa_sparse_attention(q, k, v, idx, scale=0.4).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_values_from_keys_argument_checks():
+    q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 5, 1, 8)
+    idx = torch.zeros(1, 2, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="v_head_dim"):
+        dsa_sparse_attention(q, k, None, idx, scale=1.0)
+    with pytest.raises(ValueError, match="v_head_dim"):
+        dsa_sparse_attention(q, k, None, idx, scale=1.0, v_head_dim=9)
+    with pytest.raises(ValueError, match="Dv <= Dk"):
+        dsa_sparse_attention(q, k, torch.zeros(1, 0, 1, 9), idx, scale=1.0)
+    torch.library.opcheck(torch.ops.dsa.sparse_attention.default, (q, k, k[:, :0, :, :6], idx, 0.3),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _reference_top(scores: torch.Tensor, kk: int) -> list[list[int]]:
+    # Stable descending order: ties at the k-th value go to the lower key index.
+    order = torch.from_numpy(np.argsort(-scores.double().numpy(), axis=-1, kind="stable")[:, :kk].copy())
+    return order.sort(-1).values.tolist()
+
+
+@pytest.mark.parametrize("pattern", ["random", "sampled-ties", "sample-misses", "flat"])
+def test_long_row_selection_is_exact(pattern):
+    # Rows of at least _FILTER_RATIO * topk keys are filtered by a sampled threshold first; every
+    # way that filter can go (enough candidates, ties, too few candidates, flat rows) must give
+    # exactly the contract's top-k.
+    from dsa_export.ops import torch_ops
+
+    gen = torch.Generator().manual_seed(3)
+    rows, n, kk = 6, 4096, 100
+    assert n >= torch_ops._FILTER_RATIO * kk
+    scores = torch.rand(rows, n, generator=gen)
+    sampled = torch.arange(0, n, torch_ops._SAMPLE_STRIDE)
+    if pattern == "sampled-ties":
+        scores[:, sampled] = 10.0  # 256 tied keys at the top: the lowest 100 win
+    elif pattern == "sample-misses":
+        scores[:3, sampled[:20]] = 50.0  # rows 0-2: the sample's threshold leaves fewer than kk candidates
+    elif pattern == "flat":
+        scores = (torch.rand(rows, n, generator=gen) < 0.7).float()  # most keys tie: no filtering
+    scores[1, -7:] = float("-inf")  # disallowed keys of a causal tail
+    got = torch_ops._top_positions(scores, kk)
+    assert got.tolist() == _reference_top(scores, kk)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_indexer_long_context_matches_reference(causal):
+    # T large enough for the filtered selection and several key blocks per chunk.
+    gen = torch.Generator().manual_seed(11)
+    b, s, t, h, d, topk = 2, 5, 3000, 16, 8, 64
+    q, k, w = _rand(b, s, h, d, gen=gen), _rand(b, t, d, gen=gen), _rand(b, s, h, gen=gen)
+    lengths = torch.tensor([t, 2100], dtype=torch.int32)
+    got = dsa_indexer_topk(q, k, w, lengths, topk=topk, scale=d**-0.5, causal=causal).numpy()
+    want = indexer_topk_reference(q.numpy(), k.numpy(), w.numpy(), lengths.numpy(), topk=topk, scale=d**-0.5,
+                                  causal=causal)
+    assert _as_sets(got) == _as_sets(want)
+    assert (np.diff(got, axis=-1) > 0).all()  # ascending positions
