@@ -158,7 +158,8 @@ class DSAExportModel(nn.Module):
         w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]
         q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B,S,H,C]
         q_full = torch.cat([q_lat, q_rot], dim=-1)
-        out = dsa_sparse_attention(q_full, latent[:, :, None], latent[:, :, None, :c], indices, scale=attn.scaling)
+        # The values are the first kv_lora_rank channels of the latent keys: gathered once.
+        out = dsa_sparse_attention(q_full, latent[:, :, None], None, indices, scale=attn.scaling, v_head_dim=c)
         out = torch.matmul(out.transpose(1, 2), w_uv.transpose(1, 2)).transpose(1, 2)  # [B,S,H,v]
         return attn.o_proj(out.reshape(b, s, h * v_dim)), indices, latent, index_keys_new
 

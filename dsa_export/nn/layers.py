@@ -107,7 +107,7 @@ class MLAttention(nn.Module):
             q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)
             q_full = torch.cat((q_lat, q_pe), -1)  # [B,S,H,kv_lora+rope]
             k_full = torch.cat((c_kv[:, :, None], k_pe), -1)  # [B,T,1,kv_lora+rope]
-            v_full = c_kv[:, :, None]  # [B,T,1,kv_lora]
+            v_full = None  # the values are the first kv_lora_rank channels of k_full
         else:
             kv = self.kv_b_proj(c_kv).view(b, s, cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim)
             k_nope, v_full = kv.split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
@@ -131,9 +131,10 @@ class MLAttention(nn.Module):
         out = None
         if self.indexer is not None:
             indices = self.indexer(x, q_resid, cos, sin)
-            out = dsa_sparse_attention(q, k, v, indices, scale=cfg.attention_scale)
+            out = dsa_sparse_attention(q, k, v, indices, scale=cfg.attention_scale,
+                                       v_head_dim=cfg.kv_lora_rank if v is None else None)
         if self.dense:
-            dense = self._dense(q, k, v)
+            dense = self._dense(q, k, k[..., : cfg.kv_lora_rank] if v is None else v)
             if out is None:
                 out = dense
             else:
