@@ -13,6 +13,8 @@ def load_graph(path: str | os.PathLike[str], what: str = "an exported .onnx file
     import onnx
 
     path = Path(path)
+    if path.is_dir():
+        raise DSAUserError(f"'{path}' is a folder; pass {what}.")
     if not path.is_file():
         raise DSAUserError(f"'{path}' does not exist; pass {what}.")
     try:
