@@ -1,4 +1,5 @@
-"""The build manifest and the pipeline of stages: what artifact folders hold, as shared schemas.
+"""The build manifest and the pipeline of stages: what artifact folders hold, as shared schemas,
+and the checks every reader makes before it uses a file of such a folder.
 
 ``dsa-export build`` writes ``manifest.json``; the runtimes, ``check --engine`` (through
 :mod:`dsa_export.compat.engine_gate`, which reads the ``engine`` section) and the C++ example read it.
@@ -6,11 +7,26 @@
 contiguous stages of layers, one ONNX file per stage, and what flows from one stage to the next.
 This module sits at the bottom of the package so that readers never import the build pipeline.
 Reading either imports neither torch, onnxruntime nor TensorRT.
+
+Trust rules, shared by every reader:
+
+- paths recorded in a folder's files are confined to that folder (:func:`confined`): relative,
+  and neither ``..`` nor a symbolic link leads out of it;
+- every file is checked against its recorded size and sha256 before it is loaded
+  (:func:`verify_files`, used for ``manifest.json``'s ``files`` and ``pipeline.json``'s stages
+  alike); the hash is computed once and cached in the folder by size, modification and change
+  time (:data:`VERIFY_CACHE_NAME`), so a second run costs a ``stat``; ``--no-verify`` skips it;
+- fields are checked when the file is read, so a damaged or edited manifest is refused in one
+  sentence instead of failing later (:func:`read_manifest`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +47,152 @@ TIMING_CACHE_NAME = "timing.cache"
 ORT_DIR = "onnxruntime"
 ORT_MODEL_NAME = "model.optimized.onnx"
 ORT_SESSION_NAME = "session.json"
+#: ``{relative path: {"size", "sha256"}}`` of every file of a build (manifest.json excepted).
+FILES_KEY = "files"
+#: The hashes already checked, by size and modification/change time, so each is computed once.
+VERIFY_CACHE_NAME = ".verified.json"
+REBUILD = "rebuild the folder with `dsa-export build`"
+#: Provider options a build's session.json may hold, per execution provider (what
+#: :func:`dsa_export.build.onnxrt.tensorrt_ep_options` writes). Anything else is refused: options
+#: such as ``trt_engine_decryption_lib_path`` load code.
+ORT_PROVIDER_OPTIONS: dict[str, frozenset[str]] = {
+    "TensorrtExecutionProvider": frozenset({
+        "trt_fp16_enable", "trt_bf16_enable", "trt_int8_enable", "trt_profile_min_shapes", "trt_profile_opt_shapes",
+        "trt_profile_max_shapes", "trt_engine_cache_enable", "trt_engine_cache_path", "trt_timing_cache_enable",
+        "trt_builder_optimization_level", "trt_extra_plugin_lib_paths",
+    }),
+    "CUDAExecutionProvider": frozenset(),
+    "CPUExecutionProvider": frozenset(),
+}
+#: Metadata key of the exported model's config (the vocabulary size bounds token ids).
+META_MODEL_CONFIG = "dsa_export.model_config"
+
+
+def confined(folder: str | os.PathLike[str], relative: object, what: str) -> Path:
+    """``folder/relative``, refusing a path that is not a relative path inside ``folder``.
+
+    ``what`` names where the path was read (e.g. "manifest.json field engine.file"). A path may
+    use ``..`` only while it stays inside ``folder`` (``onnxruntime/../model.onnx``); absolute paths,
+    ones that leave the folder and symbolic links pointing out of it are refused.
+    """
+    root = Path(folder)
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise DSAUserError(f"{what} is {relative!r}, not a file name; {REBUILD}.")
+    text = relative.replace("\\", "/")
+    if posixpath.isabs(text) or (len(text) > 1 and text[1] == ":"):
+        raise DSAUserError(f"{what} is the absolute path '{relative}', but files of a build must lie inside its "
+                           f"folder; {REBUILD}.")
+    normal = posixpath.normpath(text)
+    if normal == ".." or normal.startswith("../") or normal == ".":
+        raise DSAUserError(f"{what} is '{relative}', which leads out of the folder {root}; {REBUILD}.")
+    path = root / normal
+    try:
+        real_root = root.resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise DSAUserError(f"{what} is '{relative}', which cannot be resolved ({exc}); {REBUILD}.") from exc
+    if real != real_root and real_root not in real.parents:
+        raise DSAUserError(f"{what} is '{relative}', which is a link out of the folder {root}; {REBUILD}.")
+    return path
+
+
+def _cache_key(stat: os.stat_result) -> list[int]:
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def _read_cache(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / VERIFY_CACHE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remember_hashes(folder: str | os.PathLike[str], hashes: dict[str, str]) -> None:
+    """Add ``{relative: sha256}`` of files just hashed to the folder's cache (best effort: a
+    read-only folder simply keeps no cache)."""
+    folder = Path(folder)
+    cache = _read_cache(folder)
+    for relative, digest in hashes.items():
+        with contextlib.suppress(OSError):
+            cache[relative] = {"key": _cache_key(os.stat(folder / relative)), "sha256": digest}
+    tmp = folder / f"{VERIFY_CACHE_NAME}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(cache, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, folder / VERIFY_CACHE_NAME)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def verify_files(folder: str | os.PathLike[str], records: dict[str, dict[str, Any]], names: Iterable[str], *,
+                 source: str, enabled: bool = True) -> list[str]:
+    """Check each of ``names`` (relative to ``folder``) against ``records`` before it is loaded.
+
+    ``records`` maps a relative path to ``{"size": bytes, "sha256": hex}`` (size may be absent in
+    older files); ``source`` names the file that recorded them (for the message). Raises a
+    one-sentence DSAUserError naming the first file that is missing, of another size or of another
+    hash. Returns the names that have no record (nothing to check them against). ``enabled=False``
+    (``--no-verify``) checks nothing.
+    """
+    folder = Path(folder)
+    if not enabled:
+        return []
+    unrecorded = []
+    cache = _read_cache(folder)
+    fresh: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        path = confined(folder, name, f"the file '{name}' named in {source}")
+        record = records.get(name)
+        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+            unrecorded.append(name)
+            continue
+        if not path.is_file():
+            raise DSAUserError(f"'{path}' is missing, though {source} lists it; {REBUILD}.")
+        stat = path.stat()
+        size = record.get("size")
+        if isinstance(size, int) and stat.st_size != size:
+            raise DSAUserError(
+                f"'{path}' is {stat.st_size} bytes but {source} records {size}: it was truncated or replaced after "
+                f"it was written; {REBUILD} (or pass --no-verify to use it anyway)."
+            )
+        cached = cache.get(name)
+        if isinstance(cached, dict) and cached.get("key") == _cache_key(stat) and cached.get("sha256") == record["sha256"]:
+            continue
+        from dsa_export.fileio import sha256_file
+
+        digest = sha256_file(path)
+        if digest != record["sha256"]:
+            raise DSAUserError(
+                f"'{path}' does not match the sha256 that {source} records for it: it was changed or damaged after "
+                f"it was written; {REBUILD} (or pass --no-verify to use it anyway)."
+            )
+        fresh[name] = digest
+    if fresh:
+        remember_hashes(folder, fresh)
+    return unrecorded
+
+
+def external_data_files(onnx_path: str | os.PathLike[str]) -> list[str]:
+    """Relative locations of the external data files an ONNX file reads (weights not loaded)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    found: dict[str, None] = {}
+
+    def visit(tensors) -> None:
+        for tensor in tensors:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        found.setdefault(entry.value, None)
+
+    visit(model.graph.initializer)
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                visit([attribute.t])
+    return list(found)
 
 
 @dataclass(frozen=True)
@@ -60,9 +222,10 @@ class TensorSpec:
 
 
 class Manifest:
-    """A parsed ``manifest.json`` and the folder it describes."""
+    """A parsed ``manifest.json`` and the folder it describes (fields checked: :func:`check_fields`)."""
 
     def __init__(self, data: dict[str, Any], path: Path):
+        check_fields(data, path)
         self.data = data
         self.path = path
 
@@ -93,8 +256,53 @@ class Manifest:
         dims = (self.data.get("profiles") or {}).get("dims", {})
         return {name: tuple(values) for name, values in dims.items()}  # type: ignore[misc]
 
-    def artifact(self, relative: str) -> Path:
-        return self.folder / relative
+    def artifact(self, relative: str, field: str = "a path") -> Path:
+        """``relative`` inside the build folder (see :func:`confined`)."""
+        return confined(self.folder, relative, f"{self.path} field {field}")
+
+    def relative(self, path: Path) -> str:
+        """``path`` (inside the folder) as the POSIX path the manifest records."""
+        return Path(os.path.relpath(path, self.folder)).as_posix()
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        """``{relative path: {"size", "sha256"}}``; builds of dsa-export 0.1 recorded only the
+        sha256 of the ONNX file, the Q/DQ file and the engine, which are returned then."""
+        files = self.data.get(FILES_KEY)
+        if isinstance(files, dict):
+            return files
+        legacy: dict[str, dict[str, Any]] = {}
+        model, engine = self.data.get("model") or {}, self.engine or {}
+        calibration = self.data.get("calibration") or {}
+        for name, digest in ((model.get("onnx"), model.get("sha256")), (engine.get("file"), engine.get("sha256")),
+                             (calibration.get("model"), calibration.get("model_sha256"))):
+            if isinstance(name, str) and isinstance(digest, str):
+                legacy[name] = {"sha256": digest}
+        return legacy
+
+    def verify(self, paths: Iterable[Path], *, enabled: bool = True) -> list[str]:
+        """Check files of this build, and the external data of the ONNX files among them, against
+        the manifest before they are loaded; returns notes naming files it has no record of."""
+        if not enabled:
+            return []
+        paths = list(paths)
+        unrecorded = self._verify([self.relative(p) for p in paths])
+        data = []
+        for path in paths:
+            if path.suffix == ".onnx":
+                for location in external_data_files(path):
+                    where = f"the external data location '{location}' in '{path}'"
+                    data.append(self.relative(confined(self.folder, self.relative(path.parent / location), where)))
+        unrecorded += self._verify(data)
+        return [f"{name} was not verified: the manifest of this build records no hash for it (built by an older "
+                "dsa-export)" for name in unrecorded]
+
+    def _verify(self, names: list[str]) -> list[str]:
+        unrecorded = verify_files(self.folder, self.files, names, source=str(self.path))
+        if unrecorded and isinstance(self.data.get(FILES_KEY), dict):
+            raise DSAUserError(f"'{self.folder / unrecorded[0]}' is not listed in {self.path}, so it cannot be "
+                               f"verified; {REBUILD}.")
+        return unrecorded
 
     def opt_dims(self) -> dict[str, int]:
         return {name: opt for name, (_lo, opt, _hi) in self.profile_dims.items()}
@@ -102,6 +310,73 @@ class Manifest:
     def check_shapes(self, shapes: dict[str, tuple[int, ...]], what: str = "the engine") -> None:
         """DSAUserError naming the first input whose shape falls outside the optimization profile."""
         check_shapes(self.inputs, self.profile_dims, shapes, what)
+
+
+def _field_error(path: Path, field: str, value: object, wanted: str) -> DSAUserError:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return DSAUserError(f"{path} has an invalid field {field} ({shown}, not {wanted}); {REBUILD}.")
+
+
+def _check_tensor_specs(path: Path, field: str, specs: object) -> None:
+    import numpy as np
+
+    if not isinstance(specs, list):
+        raise _field_error(path, field, specs, "a list of tensors")
+    for i, spec in enumerate(specs):
+        where = f"{field}[{i}]"
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise _field_error(path, where, spec, "a tensor with a name")
+        try:
+            np.dtype(spec.get("dtype"))
+        except TypeError:
+            if spec.get("dtype") != "bfloat16":
+                raise _field_error(path, f"{where}.dtype", spec.get("dtype"), "a numpy dtype name") from None
+        shape = spec.get("shape", [])
+        if not isinstance(shape, list) or not all(
+                (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (isinstance(d, str) and d)
+                for d in shape):
+            raise _field_error(path, f"{where}.shape", shape, "a list of sizes and dim names")
+        value_range = spec.get("value_range")
+        if value_range is not None and not (
+                isinstance(value_range, list) and len(value_range) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value_range)
+                and value_range[0] < value_range[1]):
+            raise _field_error(path, f"{where}.value_range", value_range, "[low, high) integers")
+
+
+def check_fields(data: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest whose fields that readers use have the wrong types (damaged or edited)."""
+    for key in ("inputs", "outputs"):
+        if key in data:
+            _check_tensor_specs(path, key, data[key])
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise _field_error(path, "profiles", profiles, "an object")
+    dims = profiles.get("dims", {})
+    if not isinstance(dims, dict):
+        raise _field_error(path, "profiles.dims", dims, "an object of [min, opt, max]")
+    for name, values in dims.items():
+        if not (isinstance(values, list) and len(values) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+                and values[0] <= values[1] <= values[2]):
+            raise _field_error(path, f"profiles.dims.{name}", values, "[min, opt, max] with min <= opt <= max")
+    for section, keys in (("engine", ("file",)), ("onnxruntime", ("session",)), ("model", ("onnx",))):
+        value = data.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise _field_error(path, section, value, "an object")
+        for key in keys:
+            if key in value and not isinstance(value[key], str):
+                raise _field_error(path, f"{section}.{key}", value[key], "a file name")
+    files = data.get(FILES_KEY)
+    if files is not None:
+        if not isinstance(files, dict):
+            raise _field_error(path, FILES_KEY, files, "an object of file records")
+        for name, record in files.items():
+            if not (isinstance(record, dict) and isinstance(record.get("sha256"), str)
+                    and isinstance(record.get("size"), int)):
+                raise _field_error(path, f"{FILES_KEY}.{name}", record, "{size, sha256}")
 
 
 def read_manifest(path: str | Path) -> Manifest:
@@ -165,6 +440,82 @@ def check_shapes(
                     "they must share it."
                 )
             seen.setdefault(expected, (size, spec.name))
+
+
+def io_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The graph inputs and outputs of an ONNX ModelProto as TensorSpecs; integer inputs get a
+    ``value_range``: token ids (names with "id") ``[0, vocab)`` from the recorded model config,
+    other integer inputs (masks) ``[0, 2)``."""
+    from onnx import helper
+
+    meta = {p.key: p.value for p in model.metadata_props}
+    vocab = None
+    if META_MODEL_CONFIG in meta:
+        try:
+            vocab = json.loads(meta[META_MODEL_CONFIG]).get("vocab_size")
+        except (ValueError, AttributeError):
+            vocab = None
+    initializers = {i.name for i in model.graph.initializer}
+
+    def spec(value, is_input: bool) -> TensorSpec:
+        tensor_type = value.type.tensor_type
+        if tensor_type.elem_type == 16:
+            dtype_name, kind = "bfloat16", "f"
+        else:
+            dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+            dtype_name, kind = str(dtype), dtype.kind
+        shape = tuple(d.dim_param if d.dim_param else int(d.dim_value) for d in tensor_type.shape.dim)
+        value_range = None
+        if is_input and kind in "iu":
+            value_range = (0, int(vocab)) if isinstance(vocab, int) and vocab > 0 and "id" in value.name else (
+                (0, 2) if "mask" in value.name else None)
+        return TensorSpec(value.name, dtype_name, shape, value_range)
+
+    inputs = [spec(v, True) for v in model.graph.input if v.name not in initializers]
+    outputs = [spec(v, False) for v in model.graph.output]
+    return inputs, outputs
+
+
+def check_feeds(inputs: list[TensorSpec], feeds: dict[str, Any], what: str = "the model") -> dict[str, Any]:
+    """The feeds in the dtypes ``inputs`` declare, or a one-sentence DSAUserError naming the input.
+
+    Integers of another width are converted (token ids saved as int32 feed an int64 input);
+    anything else of another dtype (floats for ids, ints for floats) is refused, and integer inputs
+    (token ids) must lie in their recorded ``value_range``.
+    """
+    import numpy as np
+
+    out = dict(feeds)
+    for spec in inputs:
+        if spec.name not in feeds:
+            continue
+        value = np.asarray(feeds[spec.name])
+        expected = spec.dtype
+        if str(value.dtype) != expected:
+            try:
+                target = np.dtype(expected)
+            except TypeError:
+                target = None
+            if target is None or target.kind not in "iu" or value.dtype.kind not in "iu":
+                raise DSAUserError(
+                    f"input '{spec.name}' is {value.dtype} but {what} takes {expected}; convert it (e.g. "
+                    f"array.astype('{expected}')) or regenerate the inputs."
+                )
+            info = np.iinfo(target)
+            if value.size and (int(value.min()) < info.min or int(value.max()) > info.max):
+                raise DSAUserError(f"input '{spec.name}' holds values that do not fit in {expected}, which {what} takes.")
+            value = value.astype(target)
+            out[spec.name] = value
+        if spec.value_range is not None and value.size and value.dtype.kind in "iu":
+            low, high = spec.value_range
+            smallest, largest = int(value.min()), int(value.max())
+            if smallest < low or largest >= high:
+                bad = smallest if smallest < low else largest
+                raise DSAUserError(
+                    f"input '{spec.name}' holds {bad}, outside the range {low}..{high - 1} {what} accepts "
+                    f"(token ids must be below the vocabulary size {high})."
+                )
+    return out
 
 
 def make_inputs(
@@ -272,6 +623,17 @@ class StageFiles:
         )
 
 
+    def verify(self, folder: str | os.PathLike[str], *, enabled: bool = True) -> None:
+        """Check this stage's files against their recorded sizes and sha256 (see :func:`verify_files`)."""
+        records = {name: {"sha256": digest, **({"size": self.sizes[name]} if name in self.sizes else {})}
+                   for name, digest in self.sha256.items()}
+        names = [self.onnx] + ([self.data] if self.data else [])
+        source = f"{Path(folder) / PIPELINE_NAME} (stage {self.index})"
+        unrecorded = verify_files(folder, records, names, source=source, enabled=enabled)
+        if unrecorded:
+            raise DSAUserError(f"'{Path(folder) / unrecorded[0]}' has no hash in {source}; export the stages again.")
+
+
 @dataclass(frozen=True)
 class StageLink:
     """A tensor one stage hands to the next: ``output`` of stage ``source`` feeds ``input`` of ``target``."""
@@ -348,8 +710,49 @@ def read_pipeline(path: str | Path) -> Pipeline:
         raise DSAUserError(f"{candidate} has a malformed field ({exc}); export the stages again.") from exc
 
 
+def verify_engine(engine: str | os.PathLike[str], *, enabled: bool = True) -> list[str]:
+    """Check an engine file against the ``manifest.json`` beside it (size and sha256) before it is
+    read; for ``check --engine`` and any other reader of a plan. Returns notes (no record)."""
+    path = Path(engine)
+    if not enabled or not path.is_file() or not (path.parent / MANIFEST_NAME).is_file():
+        return []
+    return read_manifest(path.parent).verify([path])
+
+
+def verify_recorded_onnx(path: str | os.PathLike[str], *, enabled: bool = True) -> str | None:
+    """Verify an .onnx the user names when it belongs to a build folder (listed in the
+    ``manifest.json`` beside it) or to a pipeline (a stage of the ``pipeline.json`` one or two
+    folders up); returns the record file it was checked against, or None when none lists it."""
+    path = Path(path)
+    if not enabled or not path.is_file():
+        return None
+    manifest_path = path.parent / MANIFEST_NAME
+    if manifest_path.is_file():
+        manifest = None
+        with contextlib.suppress(DSAUserError):
+            manifest = read_manifest(manifest_path)
+        if manifest is not None and manifest.relative(path) in manifest.files:
+            manifest.verify([path])
+            return str(manifest_path)
+    for folder in (path.parent, path.parent.parent):
+        if not (folder / PIPELINE_NAME).is_file():
+            continue
+        try:
+            pipeline = read_pipeline(folder)
+        except DSAUserError:
+            continue
+        relative = Path(os.path.relpath(path, folder)).as_posix()
+        for stage in pipeline.stages:
+            if stage.onnx == relative:
+                stage.verify(folder)
+                return str(folder / PIPELINE_NAME)
+    return None
+
+
 __all__ = [
     "ENGINE_NAME",
+    "FILES_KEY",
+    "VERIFY_CACHE_NAME",
     "MANIFEST_NAME",
     "ONNX_NAME",
     "ORT_DIR",
@@ -363,9 +766,18 @@ __all__ = [
     "StageFiles",
     "StageLink",
     "TensorSpec",
+    "check_feeds",
+    "check_fields",
     "check_shapes",
+    "confined",
+    "external_data_files",
+    "io_specs",
     "make_inputs",
     "read_manifest",
     "read_pipeline",
+    "remember_hashes",
+    "verify_engine",
+    "verify_files",
+    "verify_recorded_onnx",
     "write_manifest",
 ]

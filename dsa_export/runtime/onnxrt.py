@@ -3,15 +3,35 @@
 :class:`ArtifactSession` opens the ``onnxruntime/`` folder of a build: ``session.json`` lists
 provider chains best first (TensorRT EP with the plugin-mode model, CUDA, CPU with the optimized
 model), and the first chain whose provider this ONNX Runtime offers is used.
+
+``session.json`` is data from the build folder, never instructions: only the session options and
+provider options dsa-export writes are accepted (:data:`SESSION_OPTIONS`,
+:data:`dsa_export.manifest.ORT_PROVIDER_OPTIONS`), model paths stay inside the folder and are
+verified against ``manifest.json``, and the TensorRT execution provider's plugin library is not
+taken from the file: it is the library this machine finds (as ``dsa-export plugins path`` does),
+loaded only when its sha256 is the one the manifest records.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+from dsa_export import interrupts, quiet
 from dsa_export.errors import DSAUserError
-from dsa_export.manifest import ORT_DIR, ORT_SESSION_NAME, Manifest, TensorSpec
+from dsa_export.manifest import ORT_DIR, ORT_PROVIDER_OPTIONS, ORT_SESSION_NAME, REBUILD, Manifest, TensorSpec
 from dsa_export.runtime.session import Session
+
+#: Session options a session.json may set, and a check of each value.
+SESSION_OPTIONS = {
+    "graph_optimization_level": lambda v: v in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED",
+                                                "ORT_ENABLE_ALL"),
+    "log_severity_level": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4,
+    "intra_op_num_threads": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "inter_op_num_threads": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "enable_cpu_mem_arena": lambda v: isinstance(v, bool),
+}
 
 
 def session(
@@ -30,8 +50,9 @@ def session(
     """
     import onnxruntime as ort
 
+    quiet.quiet_onnxruntime(ort)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = quiet.ort_severity()
     if threads:
         options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = memory_arena
@@ -76,21 +97,47 @@ class OrtSession(Session):
     """A Session over an ``onnxruntime.InferenceSession``."""
 
     def __init__(self, ort_session, kind: str, manifest: Manifest | None = None, notes: list[str] | None = None,
-                 enforce_profile: bool = False):
+                 enforce_profile: bool = True, graph_path: Path | None = None):
+        """``graph_path``: the plugin-mode .onnx whose dsa nodes the memory estimate reads (the
+        optimized model has them inlined); None skips the estimate."""
         inputs = manifest.inputs if manifest is not None and manifest.inputs else _specs(ort_session.get_inputs())
         outputs = manifest.outputs if manifest is not None and manifest.outputs else _specs(ort_session.get_outputs())
         super().__init__(kind=kind, inputs=inputs, outputs=outputs, manifest=manifest, notes=list(notes or []))
         self.ort_session = ort_session
         self.enforce_profile = enforce_profile
+        self.graph_path = graph_path
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        if self.enforce_profile and self.manifest is not None:  # the TensorRT EP builds with this profile
-            self.manifest.check_shapes(shapes, "the TensorRT execution provider's profile")
+        if self.enforce_profile and self.manifest is not None:  # what the build declared and validated
+            self.manifest.check_shapes(shapes, "the build")
         else:
             super().check_shapes(shapes)
 
+    def check_memory(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        if self.graph_path is None or "CPUExecutionProvider" != self.ort_session.get_providers()[0]:
+            return
+        import onnx
+
+        from dsa_export.runtime.memory import dims_of, estimate, require_fits
+
+        model = onnx.load(str(self.graph_path), load_external_data=False)
+        sizes = dims_of(model, shapes)
+        asked = ", ".join(f"{name}={size}" for name, size in sizes.items())
+        require_fits(estimate(model, sizes), f"running {asked or 'these inputs'} on ONNX Runtime's CPU provider",
+                     fix="ask for smaller dims (--dims) or run the engine on a GPU")
+
     def _run(self, feeds):
-        outputs = self.ort_session.run([o.name for o in self.outputs], dict(feeds))
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.log_severity_level = quiet.ort_severity()
+
+        def stop() -> None:
+            options.terminate = True
+
+        with interrupts.on_cancel(stop):
+            outputs = self.ort_session.run([o.name for o in self.outputs], dict(feeds), options)
+        interrupts.raise_if_cancelled()
         return {spec.name: value for spec, value in zip(self.outputs, outputs)}
 
 
@@ -99,39 +146,123 @@ class OnnxFileSession:
 
     @staticmethod
     def open(path: str | Path, threads: int | None = None) -> OrtSession:
-        return OrtSession(session(path, threads=threads), kind=f"onnxruntime (CPUExecutionProvider, {Path(path).name})")
+        import onnx
+
+        from dsa_export.manifest import io_specs
+
+        path = Path(path)
+        session_ = OrtSession(session(path, threads=threads), kind=f"onnxruntime (CPUExecutionProvider, {path.name})",
+                              graph_path=path)
+        # The graph's own record of token-id ranges (the vocabulary) checks inputs before they run.
+        inputs, _ = io_specs(onnx.load(str(path), load_external_data=False))
+        ranges = {spec.name: spec.value_range for spec in inputs}
+        session_.inputs = [TensorSpec(s.name, s.dtype, s.shape, ranges.get(s.name)) for s in session_.inputs]
+        return session_
+
+
+def _session_error(path: Path, what: str) -> DSAUserError:
+    return DSAUserError(f"{path} {what}; {REBUILD}.")
+
+
+def read_session_config(path: Path) -> dict[str, Any]:
+    """``session.json``, its fields checked (see the module docstring)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _session_error(path, f"is not readable JSON ({exc})") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("chains"), list):
+        raise _session_error(path, "has no list of provider chains")
+    options = config.get("session_options", {})
+    if not isinstance(options, dict):
+        raise _session_error(path, "has session_options that are not an object")
+    for key, value in options.items():
+        if key not in SESSION_OPTIONS or not SESSION_OPTIONS[key](value):
+            raise _session_error(path, f"sets the session option {key}={value!r}, which dsa-export does not write")
+    for i, chain in enumerate(config["chains"]):
+        if not (isinstance(chain, dict) and isinstance(chain.get("name"), str) and isinstance(chain.get("model"), str)
+                and isinstance(chain.get("providers"), list) and chain["providers"]):
+            raise _session_error(path, f"has a malformed provider chain {i}")
+        for entry in chain["providers"]:
+            if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in ORT_PROVIDER_OPTIONS
+                    and isinstance(entry[1], dict)):
+                raise _session_error(path, f"names a provider dsa-export does not use in chain '{chain['name']}' "
+                                           f"({entry!r:.80})")
+            allowed = ORT_PROVIDER_OPTIONS[entry[0]]
+            for key, value in entry[1].items():
+                if key not in allowed or not isinstance(value, str):
+                    raise _session_error(path, f"sets the {entry[0]} option {key}={value!r:.80}, which dsa-export "
+                                               "does not write")
+    if not isinstance(config.get("notes", []), list):
+        raise _session_error(path, "has notes that are not a list")
+    return config
+
+
+def _plugin_library_for_ep(manifest: Manifest) -> tuple[str | None, str]:
+    """(path of the static plugin library found here, or None; why) for the TensorRT EP: only a
+    library whose sha256 is the manifest's is used."""
+    section = manifest.onnxruntime or {}
+    wanted = section.get("plugin_library_sha256")
+    if not wanted:
+        return None, "the build used no plugin library"
+    from dsa_export.plugins import find_library, library_info
+
+    found = find_library("static")
+    if found is None:
+        return None, "the static plugin library is not built here (run `dsa-export plugins build`)"
+    digest = library_info(found).sha256
+    if digest != wanted:
+        return None, (f"the plugin library {found} (sha256 {digest[:12]}) is not the one the build used "
+                      f"(sha256 {str(wanted)[:12]})")
+    return str(found), f"plugin library {found} (sha256 matches the manifest)"
 
 
 class ArtifactSession:
     """The ``onnxruntime/`` artifact of a build."""
 
     @staticmethod
-    def open(manifest: Manifest, threads: int | None = None, chain: str | None = None) -> OrtSession:
-        import json
-
+    def open(manifest: Manifest, threads: int | None = None, chain: str | None = None, *,
+             verify: bool = True) -> OrtSession:
         import onnxruntime as ort
 
+        quiet.quiet_onnxruntime(ort)
         section = manifest.onnxruntime or {}
-        session_file = manifest.artifact(section.get("session", f"{ORT_DIR}/{ORT_SESSION_NAME}"))
+        session_file = manifest.artifact(section.get("session", f"{ORT_DIR}/{ORT_SESSION_NAME}"), "onnxruntime.session")
         if not session_file.is_file():
-            raise DSAUserError(f"{session_file} is missing; rebuild the folder with `dsa-export build`.")
-        config = json.loads(session_file.read_text(encoding="utf-8"))
+            raise DSAUserError(f"{session_file} is missing; {REBUILD}.")
+        notes = manifest.verify([session_file], enabled=verify)
+        config = read_session_config(session_file)
         available = set(ort.get_available_providers())
-        chains = config.get("chains", [])
+        chains = config["chains"]
         if chain is not None:
             chains = [c for c in chains if c.get("name") == chain]
             if not chains:
                 raise DSAUserError(f"{session_file} has no provider chain '{chain}'.")
-        picked = next((c for c in chains if c["providers"] and c["providers"][0][0] in available), None)
+        picked = None
+        for candidate in chains:
+            if candidate["providers"][0][0] not in available:
+                continue
+            if candidate["providers"][0][0] == "TensorrtExecutionProvider":
+                library, why = _plugin_library_for_ep(manifest)
+                if manifest.onnxruntime and manifest.onnxruntime.get("plugin_library_sha256") and library is None:
+                    notes.append(f"skipped the TensorRT execution provider: {why}")
+                    continue
+                candidate = _with_plugin_library(candidate, library, session_file.parent)
+            picked = candidate
+            break
         if picked is None:
             wanted = ", ".join(c["providers"][0][0] for c in chains)
             raise DSAUserError(f"this ONNX Runtime has none of the providers {wanted} (it has {', '.join(sorted(available))}).")
-        model = (session_file.parent / picked["model"]).resolve()
+        from dsa_export.manifest import confined
+
+        model = confined(manifest.folder, manifest.relative(session_file.parent / picked["model"]),
+                         f"{session_file} field chains.{picked['name']}.model ('{picked['model']}')")
+        notes += manifest.verify([model], enabled=verify)
         options = ort.SessionOptions()
         for key, value in config.get("session_options", {}).items():
             if key == "graph_optimization_level":
                 value = getattr(ort.GraphOptimizationLevel, value)
             setattr(options, key, value)
+        options.log_severity_level = quiet.ort_severity()
         if threads:
             options.intra_op_num_threads = threads
         providers = [name for name, _ in picked["providers"] if name in available]
@@ -143,4 +274,31 @@ class ArtifactSession:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DSAUserError(f"ONNX Runtime cannot load '{model}': {first}") from exc
         kind = f"onnxruntime {ort.__version__} ({picked['name']} chain: {', '.join(providers)}; {model.name})"
-        return OrtSession(ort_session, kind, manifest, config.get("notes", []), enforce_profile=picked["name"] == "tensorrt")
+        graph = manifest.data.get("model", {}).get("onnx")
+        graph_path = manifest.artifact(graph, "model.onnx") if isinstance(graph, str) else None
+        notes = [str(n) for n in config.get("notes", [])] + notes
+        return OrtSession(ort_session, kind, manifest, notes, enforce_profile=True,
+                          graph_path=graph_path if graph_path is not None and graph_path.is_file() else None)
+
+
+def _with_plugin_library(chain: dict[str, Any], library: str | None, folder: Path) -> dict[str, Any]:
+    """The TensorRT chain with the plugin library found here (never the recorded path) and its
+    engine cache kept inside the artifact folder."""
+    providers = []
+    for name, options in chain["providers"]:
+        options = dict(options)
+        if name == "TensorrtExecutionProvider":
+            options.pop("trt_extra_plugin_lib_paths", None)
+            if library is not None:
+                options["trt_extra_plugin_lib_paths"] = library
+            if "trt_engine_cache_path" in options:
+                cache = options["trt_engine_cache_path"]
+                options["trt_engine_cache_path"] = str(_inside(folder, cache))
+        providers.append([name, options])
+    return {**chain, "providers": providers}
+
+
+def _inside(folder: Path, relative: str) -> Path:
+    from dsa_export.manifest import confined
+
+    return confined(folder, relative, "the TensorRT engine cache path in session.json")
