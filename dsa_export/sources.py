@@ -5,6 +5,12 @@ factory returns ``(module, example_inputs)`` and may accept ``batch`` / ``seq_le
 Hugging Face directory (see :mod:`dsa_export.hf.source`). What was resolved is recorded as a
 :class:`~dsa_export.model_ref.ModelReference` in the exported file's metadata so ``validate``
 can rebuild the reference.
+
+A factory is code, and dsa-export runs code only when the user names it on the command line: a
+reference *recorded in a file* (an .onnx's metadata, a manifest, a pipeline) may rebuild a built-in
+model or a Hugging Face checkpoint (read as data: config.json and safetensors, never pickles or
+remote code), but a recorded ``file.py:factory`` is refused with the ``--reference`` to pass
+(:func:`resolve_reference`), so a file cannot make dsa-export import a Python file.
 """
 
 from __future__ import annotations
@@ -97,6 +103,8 @@ def _builtin(name: str, batch: int, seq_len: int, seed: int) -> ModelSource:
 
 
 def _load_factory(path: Path, attr: str):
+    if path.is_dir():
+        raise DSAUserError(f"model file '{path}' is a folder; pass path/file.py:factory.")
     if not path.is_file():
         raise DSAUserError(f"model file '{path}' does not exist; pass an existing path/file.py:factory.")
     module_name = "dsa_export_user_model_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
@@ -130,6 +138,10 @@ def _call_factory(factory, batch: int | None, seq_len: int | None):
         raise DSAUserError("the model factory must return (module, example_inputs[, output_names]).")
     module, inputs = result[0], result[1]
     names = list(result[2]) if len(result) == 3 else None
+    if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+        raise DSAUserError("the model factory's output names must be a non-empty list of non-empty strings.")
+    if names is not None and len(set(names)) != len(names):
+        raise DSAUserError(f"the model factory names an output twice ({', '.join(names)}); give each output its own name.")
     import torch
 
     if not isinstance(module, torch.nn.Module):
@@ -141,6 +153,10 @@ def _call_factory(factory, batch: int | None, seq_len: int | None):
         inputs = dict(zip(arg_names, inputs))
     if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
         raise DSAUserError("example_inputs must be a tensor, a tuple of tensors or a dict of tensors.")
+    clash = sorted(set(names or ["logits"]) & set(inputs))
+    if clash:
+        raise DSAUserError(f"the model factory names an output '{clash[0]}' like one of its inputs; an ONNX graph needs "
+                           "distinct input and output names, so rename the output.")
     return module.eval(), inputs, names
 
 
@@ -148,7 +164,9 @@ def resolve(spec: str | ModelReference | None, *, batch: int = 2, seq_len: int =
             dtype: str | None = None) -> ModelSource:
     """Turn a MODEL argument (or a recorded reference) into a :class:`ModelSource`.
 
-    ``dtype`` (fp32/fp16/bf16) matters for Hugging Face checkpoints only, whose modules are built
+    A string is what the user typed, so a ``file.py:factory`` in it is imported and called; a
+    :class:`ModelReference` is a recorded one and goes through :func:`resolve_reference`, which runs
+    no factory. ``dtype`` (fp32/fp16/bf16) matters for Hugging Face checkpoints only, whose modules are built
     in the export's precision (None: the checkpoint's own dtype).
     """
     from dsa_export.nn import DEFAULT_MODEL
@@ -180,15 +198,37 @@ def resolve(spec: str | ModelReference | None, *, batch: int = 2, seq_len: int =
 
 
 def resolve_reference(reference: ModelReference, *, batch: int = 2, seq_len: int = 64, seed: int = 0,
-                      dtype: str | None = None) -> ModelSource:
-    """Rebuild the :class:`ModelSource` a recorded reference names (paths already absolute)."""
+                      dtype: str | None = None, trusted: bool = False) -> ModelSource:
+    """Rebuild the :class:`ModelSource` a recorded reference names (paths already absolute).
+
+    A ``factory`` reference is code: it runs only when ``trusted`` (the user named that factory);
+    otherwise it is refused with the ``--reference`` to pass. ``module`` references cannot be
+    rebuilt at all.
+    """
     if reference.kind == "builtin":
         return _builtin(reference.name, batch, seq_len, seed)
     if reference.kind == "factory":
+        if not trusted:
+            raise UntrustedFactoryError(reference)
         return resolve(f"{reference.path}:{reference.name}", batch=batch, seq_len=seq_len, seed=seed)
+    if reference.kind == "module":
+        raise DSAUserError(f"the recorded reference '{reference.name}' is a torch module handed over in code, which "
+                           "cannot be rebuilt from the file; pass one with --reference MODEL.")
     from dsa_export.hf.source import hf_source
 
     return hf_source(reference, batch=batch, seq_len=seq_len, seed=seed, dtype=dtype)
+
+
+class UntrustedFactoryError(DSAUserError):
+    """A file names a Python factory as its reference; dsa-export does not run code a file names."""
+
+    def __init__(self, reference: ModelReference):
+        self.reference = reference
+        super().__init__(
+            f"the file's recorded reference is the Python factory {reference.path}:{reference.name}, and dsa-export "
+            "runs no code that a file names; if you trust that file, pass it yourself with "
+            f"--reference {reference.path}:{reference.name}."
+        )
 
 
 def _inputs_for(source: ModelSource, batch: int, seq_len: int, seed: int) -> dict[str, Any]:

@@ -12,6 +12,13 @@ near-ties at the k-th place is a near-tie flip, counted and shown, and its posit
 of the strict elementwise comparison; any other difference fails. The ONNX Runtime side exposes
 the DSAIndexerTopK outputs through a modified copy of the graph held in memory, which reads the
 original external data, so files of any size work and nothing is written beside them.
+
+Before anything runs: the reference recorded in the file is rebuilt only if it is a built-in
+model or a checkpoint directory (a recorded Python factory is refused: it runs only when passed
+with ``--reference``), a file that belongs to a build folder or a pipeline is verified against its
+recorded hashes, the generated inputs are checked against the file's input types and token-id
+range, and every sequence length's memory is estimated (:mod:`dsa_export.runtime.memory`) and
+refused when it cannot fit.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class ValidationSettings:
     min_topk_overlap: float = 0.99
     #: Near-tie tolerance of index scores relative to the row's largest score; None: per dtype.
     tie_rtol: float | None = None
+    #: Check a file of a build folder or pipeline against its recorded sha256 first.
+    verify: bool = True
 
 
 @dataclass
@@ -204,8 +213,13 @@ def with_indexer_outputs(model) -> tuple[bytes, list[str]]:
     return model.SerializeToString(), names
 
 
-def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
-    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output."""
+def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings(),
+                  source=None) -> ValidationReport:
+    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output.
+
+    ``source``: the :class:`~dsa_export.sources.ModelSource` the file was just exported from (the
+    build pipeline passes it), used as the reference instead of resolving one again.
+    """
     import torch
     from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
@@ -232,21 +246,35 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
             )
 
-    source = _reference_source(meta, settings, path, dtype)
+    from dsa_export.manifest import check_feeds, io_specs, verify_recorded_onnx
+    from dsa_export.runtime.memory import dims_of, estimate, require_fits
+
+    verify_recorded_onnx(path, enabled=settings.verify)
+    if source is None:
+        source = _reference_source(meta, settings, path, dtype)
     output_names = [o.name for o in model.graph.output]
     onnx_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    specs, _ = io_specs(model)
     feeds = []
     for seq_len in settings.seq_lens:
         inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
         missing = sorted(set(onnx_inputs) - set(inputs))
         if missing:
             raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
-        feeds.append({name: _to_numpy(inputs[name], dtype) for name in onnx_inputs})
+        feed = {name: _to_numpy(inputs[name], dtype) for name in onnx_inputs}
+        feed = check_feeds(specs, feed, f"'{path.name}'")
+        sizes = dims_of(model, {name: value.shape for name, value in feed.items()})
+        require_fits(estimate(model, sizes), f"validating at seq_len {seq_len} (batch {settings.batch})",
+                     fix="pass shorter --seq-lens or a smaller --batch")
+        feeds.append(feed)
 
     # Loaded here rather than through the source's cached properties: the runner drops it once it
     # has run, so the reference's weights are not held while ONNX Runtime runs (at real width
     # that is a layer's float32 weights).
-    transformers_reference = source.reference_loader() if source.reference_loader is not None else None
+    from dsa_export.quiet import third_party_output
+
+    with third_party_output():  # transformers' loading bars
+        transformers_reference = source.reference_loader() if source.reference_loader is not None else None
     select = transformers_reference is not None and hasattr(transformers_reference, "run_with_selections")
     owned = transformers_reference is not None
     if transformers_reference is not None:
@@ -267,7 +295,17 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     previous = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.ERROR
     try:
-        results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+        try:
+            results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+        except DSAUserError:
+            raise
+        except Exception as exc:
+            from dsa_export.errors import as_user_error
+
+            mapped = as_user_error(exc, f"comparing '{path.name}' with {source.spec}")
+            if mapped is None:
+                raise
+            raise mapped from exc
         (_, torch_iters), (_, ort_iters) = results[0], results[1]
         report = ValidationReport(
             model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
