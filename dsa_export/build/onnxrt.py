@@ -71,6 +71,9 @@ def write_artifact(
     """Write ``folder/onnxruntime/`` and return the manifest's ``onnxruntime`` section."""
     import onnxruntime as ort
 
+    from dsa_export import quiet
+
+    quiet.quiet_onnxruntime(ort)
     ort_dir = folder / ORT_DIR
     ort_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -79,7 +82,7 @@ def write_artifact(
     try:
         with atomic_output(ort_dir / ORT_MODEL_NAME) as tmp:
             options = ort.SessionOptions()
-            options.log_severity_level = 3
+            options.log_severity_level = quiet.ort_severity()
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
             options.optimized_model_filepath = str(tmp)
             ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])

@@ -1,13 +1,21 @@
 """``build``: export -> validate -> calibrate -> check -> engine, into one artifact folder.
 
-Everything is written into a temporary sibling of the output folder (``.<name>.build-XXXX``) and
-renamed onto it at the very end, after ``manifest.json``; any failure or Ctrl-C removes the
+Everything is written into a temporary sibling of the output folder (``.<name>.build-<pid>-XXXX``)
+and renamed onto it at the very end, after ``manifest.json``; any failure or Ctrl-C removes the
 temporary folder, so the output folder is either the complete new build or untouched. Each file
-inside is written with :func:`dsa_export.fileio.atomic_output` as well.
+inside is written with :func:`dsa_export.fileio.atomic_output` as well. The process id in the
+name lets the next build remove what a killed build (SIGKILL) left, and refuse to run while another
+build writes the same folder.
+
+Everything that can be checked without work is checked before the first stage: the output path,
+the plugin library, the TensorRT-RTX targets, the shape-range dim names against the model's
+dynamic dims, and the model itself. The manifest lists every file of the build with its size and
+sha256 (``files``), which the runtimes verify before they load anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,19 +27,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsa_export import __version__
+from dsa_export import __version__, interrupts
 from dsa_export.build.settings import (
     DEFAULT_PRECISION_CPU,
     DEFAULT_PRECISION_TENSORRT,
+    DEFAULT_RANGE,
     DEFAULT_RTX_TARGETS,
     BuildSettings,
 )
-from dsa_export.errors import DSAUserError
-from dsa_export.fileio import atomic_output, sha256_file
+from dsa_export.errors import DSAUsageError, DSAUserError, trace_errors
+from dsa_export.fileio import atomic_output, check_output_path, file_record, sha256_file
 from dsa_export.manifest import (
     CALIBRATION_CACHE_NAME,
     CALIBRATION_REPORT_NAME,
     ENGINE_NAME,
+    FILES_KEY,
     MANIFEST_NAME,
     ONNX_NAME,
     QDQ_NAME,
@@ -39,6 +49,8 @@ from dsa_export.manifest import (
     TIMING_CACHE_NAME,
     VALIDATION_NAME,
     TensorSpec,
+    io_specs,
+    remember_hashes,
     write_manifest,
 )
 
@@ -81,7 +93,8 @@ class BuildResult:
         lines = [f"{'stage':<10} {'status':<8} {'time':>7}  result", f"{'-' * 10} {'-' * 8} {'-' * 7}  {'-' * min(width, 70)}"]
         for s in self.stages:
             lines.append(f"{s.name:<10} {s.status:<8} {s.seconds:>6.1f}s  {s.detail}")
-        files = sorted(str(p.relative_to(self.output)) for p in self.output.rglob("*") if p.is_file())
+        files = sorted(str(p.relative_to(self.output)) for p in self.output.rglob("*")
+                       if p.is_file() and not p.name.startswith("."))
         lines.append(f"Built {self.output} in {self.seconds:.1f} s: {', '.join(files)}")
         return "\n".join(lines)
 
@@ -161,31 +174,7 @@ def default_precision(plan: BackendPlan) -> str:
 
 
 def _io_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    from onnx import helper
-
-    from dsa_export.export.exporter import META_CONFIG
-
-    meta = {p.key: p.value for p in model.metadata_props}
-    vocab = None
-    if META_CONFIG in meta:
-        try:
-            vocab = json.loads(meta[META_CONFIG]).get("vocab_size")
-        except (ValueError, AttributeError):
-            vocab = None
-    initializers = {i.name for i in model.graph.initializer}
-
-    def spec(value, is_input: bool) -> TensorSpec:
-        tensor_type = value.type.tensor_type
-        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        shape = tuple(d.dim_param if d.dim_param else int(d.dim_value) for d in tensor_type.shape.dim)
-        value_range = None
-        if is_input and dtype.kind in "iu":
-            value_range = (0, int(vocab)) if vocab and "id" in value.name else (0, 2)
-        return TensorSpec(value.name, str(dtype), shape, value_range)
-
-    inputs = [spec(v, True) for v in model.graph.input if v.name not in initializers]
-    outputs = [spec(v, False) for v in model.graph.output]
-    return inputs, outputs
+    return io_specs(model)
 
 
 def _plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, str | None, str | None]:
@@ -240,12 +229,58 @@ class _Pipeline:
         self.stages.append(record)
         self.log(f"[{index}/{len(STAGES)}] {name}: {status} in {record.seconds:.1f} s: {detail}")
 
+    def preflight(self, plan: BackendPlan, precision: str) -> Any:
+        """Check what needs no work before the first stage; returns the resolved MODEL source (None
+        for a supplied .onnx), so a bad MODEL fails here too and the export stage reuses it."""
+        s = self.settings
+        if s.plugin_library is not None:
+            _check_library(Path(s.plugin_library))
+        if s.timing_cache is not None and plan.engine == "tensorrt":
+            check_output_path(s.timing_cache, "--timing-cache")
+        if s.rtx_targets and plan.engine != "tensorrt-rtx":
+            if s.backend != "auto":
+                raise DSAUsageError(f"--rtx-target applies to TensorRT-RTX engines, not to --backend {s.backend}; drop it "
+                                    "or pass --backend tensorrt-rtx.")
+            self.log(f"Note: --rtx-target {','.join(s.rtx_targets)} is ignored: this build makes no TensorRT-RTX engine.")
+        if plan.engine == "tensorrt-rtx":
+            from dsa_export.trt.rtx import check_targets
+
+            plan.rtx_targets = check_targets(plan.rtx_targets)
+        if s.calibration_data and s.calibration_data != "builtin" and not s.calibration_data.endswith(".py") \
+                and ".py:" not in s.calibration_data and not Path(s.calibration_data).exists():
+            raise DSAUserError(f"--calibration-data '{s.calibration_data}' does not exist; pass a folder of .npz/.npy "
+                               "inputs, a data-loader script or 'builtin'.")
+        source = None
+        if s.model_is_onnx:
+            dims = _onnx_dims(_load_onnx(Path(str(s.model))))
+        else:
+            from dsa_export.export import ExportSettings
+            from dsa_export.sources import resolve
+
+            export_settings = ExportSettings(ops="plugin")
+            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len,
+                             seed=export_settings.seed, dtype=EXPORT_DTYPES[precision])
+            dims = _source_dims(source)
+        asked = set(s.ranges.dims) - set(DEFAULT_RANGE.dims)
+        unknown = sorted(asked - dims)
+        if unknown:
+            raise DSAUsageError(
+                f"--min/--opt/--max-shapes name {', '.join(unknown)}, which is not a dynamic dim of the model (its "
+                f"dims: {', '.join(sorted(dims)) or 'none'})."
+            )
+        missing = sorted(dims - set(s.ranges.dims))
+        if missing:
+            raise DSAUsageError(f"the model has the dynamic dim(s) {', '.join(missing)}, which need a shape range; give "
+                                f"one with --min-shapes/--opt-shapes/--max-shapes {missing[0]}=N.")
+        return source
+
     def run(self, probe) -> None:
         import onnx
 
         s = self.settings
         plan = plan_backends(s, probe)
         precision = s.precision or default_precision(plan)
+        source = self.preflight(plan, precision)
         if s.model_is_onnx:
             from dsa_export.trt.tensorrt import file_precision
 
@@ -278,19 +313,21 @@ class _Pipeline:
                 src = Path(str(s.model))
                 if not src.is_file():
                     raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
-                with atomic_output(onnx_path) as tmp:
-                    shutil.copyfile(src, tmp)
                 if Path(str(src) + ".data").is_file():
                     raise DSAUserError(f"'{src}' keeps its weights in external data; models over 2 GB are not supported by build yet.")
+                from dsa_export.manifest import verify_recorded_onnx
+
+                verify_recorded_onnx(src)
+                with atomic_output(onnx_path) as tmp:
+                    shutil.copyfile(src, tmp)
                 state["source"] = str(src.resolve())
                 return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}"
             from dsa_export.export import ExportSettings, export_model, save_model
-            from dsa_export.sources import resolve
+            from dsa_export.quiet import third_party_output
 
             export_settings = ExportSettings(ops="plugin", dtype=EXPORT_DTYPES[precision])
-            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len, seed=export_settings.seed,
-                             dtype=export_settings.dtype)
-            model = export_model(source, export_settings)
+            with trace_errors(source.spec), third_party_output():
+                model = export_model(source, export_settings)
             save_model(model, onnx_path)
             state["source"] = source.spec
             custom = sum(1 for n in model.graph.node if n.domain == "dsa")
@@ -314,9 +351,20 @@ class _Pipeline:
             if dtype == "bf16":
                 state["validation"] = {"skipped": True, "reason": "ONNX Runtime's CPU provider has no bf16 kernels"}
                 return "skipped", "bf16: ONNX Runtime's CPU provider has no bf16 kernels"
+            from dsa_export.model_ref import from_metadata
+
+            recorded = from_metadata(meta.get(META_SPEC), Path(str(s.model)).resolve().parent) if s.model_is_onnx else None
+            if recorded is not None and recorded.kind in ("factory", "module"):
+                # A supplied file names code as its reference: build does not run it (see sources.py).
+                spec = recorded.describe()
+                reason = (f"the file's reference is the Python factory {spec}, which build does not run from a file; "
+                          f"validate it with `dsa-export validate FILE --reference {spec}`"
+                          if recorded.kind == "factory" else f"the file's reference '{spec}' cannot be rebuilt")
+                state["validation"] = {"skipped": True, "reason": reason}
+                return "skipped", reason
             from dsa_export.validate import ValidationSettings, validate_onnx
 
-            report = validate_onnx(onnx_path, ValidationSettings(seq_lens=tuple(s.validation_seq_lens)))
+            report = validate_onnx(onnx_path, ValidationSettings(seq_lens=tuple(s.validation_seq_lens)), source=source)
             with atomic_output(self.work / VALIDATION_NAME) as tmp:
                 tmp.write_text(report.to_json() + "\n", encoding="utf-8")
             worst = max(report.errors, key=lambda e: e.max_abs)
@@ -411,6 +459,7 @@ class _Pipeline:
 
         self.stage("engine", engine)
         self.manifest = self._manifest(plan, precision, model, meta, state)
+        self.manifest[FILES_KEY] = _file_records(self.work)
         write_manifest(self.manifest, self.work / MANIFEST_NAME)
 
     def _tensorrt_engine(self, onnx_path: Path, precision: str, probe) -> dict[str, Any]:
@@ -439,8 +488,8 @@ class _Pipeline:
         if lib is None:
             notes.append(f"plugin library {reason}; the dsa nodes were built from their function bodies")
         elif result.plugin_layers == 0:
-            notes.append("the plugin library was loaded but TensorRT made no plugin layers (TensorRT before 10.15 "
-                         "inlines the function bodies)")
+            notes.append("the plugin library was loaded but TensorRT made no plugin layers (TensorRT before 10.7 "
+                         "prefers a node's function body to a registered plugin)")
         return {
             "file": ENGINE_NAME,
             "sha256": sha256_file(self.work / ENGINE_NAME),
@@ -538,13 +587,71 @@ class _Pipeline:
         }
 
 
-def _prepare_output(output: Path, force: bool) -> None:
+def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file of the build (not manifest.json)."""
+    return {
+        path.relative_to(folder).as_posix(): file_record(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME and not path.name.startswith(".")
+    }
+
+
+def _check_library(path: Path) -> None:
+    """``--plugins``: an existing shared library (ELF), refused before the first stage."""
+    if path.is_dir():
+        raise DSAUsageError(f"--plugins '{path}' is a folder; pass the plugin library file (libdsa_plugins.so).")
+    if not path.is_file():
+        raise DSAUserError(f"--plugins {path} does not exist; pass the built libdsa_plugins.so.")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"\x7fELF":
+        raise DSAUserError(f"--plugins {path} is not a shared library (no ELF header); pass the built libdsa_plugins.so.")
+
+
+def _onnx_dims(model) -> set[str]:
+    initializers = {i.name for i in model.graph.initializer}
+    return {d.dim_param for v in model.graph.input if v.name not in initializers
+            for d in v.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _source_dims(source) -> set[str]:
+    """The dynamic dims the exporter gives ``source``'s inputs (its named axes, else batch/sequence)."""
+    from dsa_export.export.exporter import BATCH_DIM, SEQ_DIM
+
+    if source.dynamic_axes is not None:
+        return {name for axes in source.dynamic_axes.values() for name in axes.values()}
+    dims: set[str] = set()
+    for value in source.example_inputs.values():
+        dims.update(name for axis, name in ((0, BATCH_DIM), (1, SEQ_DIM)) if value.dim() > axis)
+    return dims
+
+
+#: Hidden siblings a build writes next to OUTDIR (names carry the process id).
+_TEMPORARY_PREFIXES = ("build-", "old-")
+
+
+def _prepare_output(output: Path, force: bool, log: Callable[[str], None]) -> None:
     if output.exists() and not output.is_dir():
-        raise DSAUserError(f"{output} is a file; -o takes a folder to build into.")
+        raise DSAUsageError(f"-o '{output}' is a file; -o takes a folder to build into.")
     if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file() and not force:
         raise DSAUserError(
             f"{output} exists, is not empty and holds no previous build; choose another -o or pass --force to replace it."
         )
+    check_output_path(output, "-o", folder=True)
+    prefixes = tuple(f".{output.name}.{p}" for p in _TEMPORARY_PREFIXES)
+    stale, busy = interrupts.stale_siblings(output.parent, prefixes)
+    if busy:
+        folder, pid = busy[0]
+        raise DSAUserError(f"another build (process {pid}) is writing {output} right now ({folder.name}); wait for it "
+                           "to finish or choose another -o.")
+    for folder in stale:
+        interrupts.remove(folder)
+        log(f"Removed {folder}, left by an earlier build of {output} that was killed.")
+    if output.parent.is_dir():
+        for entry in output.parent.iterdir():  # dsa-export 0.1 named them without a process id
+            if entry.name.startswith(prefixes) and entry.is_dir() and entry not in stale:
+                log(f"Note: {entry} looks like the leftover of an interrupted build of {output}; remove it if no "
+                    "build is running.")
 
 
 def _apply_umask(folder: Path) -> None:
@@ -556,36 +663,59 @@ def _apply_umask(folder: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
 
+def _install(work: Path, output: Path) -> None:
+    """Rename ``work`` onto ``output``, keeping the previous build until the new one is in place.
+    An interrupt during the renames is raised after them, and the previous state is put back."""
+    old: Path | None = None
+    installed = False
+    with contextlib.ExitStack() as stack:
+        try:
+            with interrupts.deferred():
+                if output.exists():
+                    old = Path(tempfile.mkdtemp(prefix=interrupts.tagged_name(f".{output.name}.old-"), dir=output.parent))
+                    stack.enter_context(interrupts.temporary(old))
+                    os.replace(output, old / "previous")
+                os.replace(work, output)
+                installed = True
+        except BaseException:
+            if installed:
+                os.replace(output, work)  # removed by the caller
+            if old is not None and (old / "previous").exists():
+                os.replace(old / "previous", output)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def build(settings: BuildSettings, log: Callable[[str], None] | None = None, probe=None) -> BuildResult:
     """Run the pipeline into a temporary sibling of ``settings.output`` and rename it into place."""
     log = log or _stderr
     start = time.perf_counter()
     output = settings.output
-    _prepare_output(output, settings.force)
+    _prepare_output(output, settings.force, log)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.build-", dir=output.parent))
+        work = Path(tempfile.mkdtemp(prefix=interrupts.tagged_name(f".{output.name}.build-"), dir=output.parent))
     except OSError as exc:
         raise DSAUserError(f"Cannot create the build folder next to {output} ({exc.strerror}); choose another -o.") from exc
-    try:
-        if probe is None:
-            from dsa_export.compat import probe_environment
+    with interrupts.temporary(work):
+        try:
+            if probe is None:
+                from dsa_export.compat import probe_environment
 
-            log("Probing the environment ...")
-            probe = probe_environment()
-        pipeline = _Pipeline(settings, work, log)
-        pipeline.run(probe)
-        _apply_umask(work)
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-            os.replace(output, old / "previous")
-            os.replace(work, output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(work, output)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+                log("Probing the environment ...")
+                probe = probe_environment()
+            pipeline = _Pipeline(settings, work, log)
+            pipeline.run(probe)
+            _apply_umask(work)
+            # The hashes just recorded are the verification cache: the first run hashes nothing.
+            remember_hashes(work, {name: record["sha256"] for name, record in pipeline.manifest[FILES_KEY].items()})
+            _install(work, output)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     return BuildResult(output, pipeline.manifest, pipeline.stages, time.perf_counter() - start)
 
 

@@ -30,6 +30,7 @@ from dsa_export.manifest import (
     StageLink,
     TensorSpec,
     read_pipeline,
+    remember_hashes,
     write_manifest,
 )
 
@@ -111,15 +112,15 @@ def _links(stages: list[StageFiles]) -> list[StageLink]:
 
 
 def _kept(entry: StageFiles | None, key: str, folder: Path) -> bool:
-    """A finished stage from an earlier run with the same key whose files are intact."""
-    if entry is None or entry.key != key:
+    """A finished stage from an earlier run with the same key whose files are intact (checked as
+    every reader checks them: :meth:`StageFiles.verify`)."""
+    if entry is None or entry.key != key or set(entry.sha256) != set(entry.sizes):
         return False
-    for name, digest in entry.sha256.items():
-        file = folder / name
-        if not file.is_file() or file.stat().st_size != entry.sizes.get(name, -1):
-            return False
-        if sha256_file(file) != digest:
-            return False
+    try:
+        entry.verify(folder)
+    except DSAUserError as exc:
+        log.info("exporting stage %d again: %s", entry.index, exc)
+        return False
     return True
 
 
@@ -188,6 +189,7 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
         if data_rel is not None:
             sha[data_rel] = result.data_sha256 or sha256_file(out_dir / data_rel)
             sizes[data_rel] = (out_dir / data_rel).stat().st_size
+        remember_hashes(out_dir, sha)  # readers verify the stage against pipeline.json without hashing again
         inputs, outputs = _io_specs(out_dir / onnx_rel)
         ckpt_bytes = _checkpoint_bytes(checkpoint, start, stop, embed, head)
         entry = StageFiles(
@@ -220,6 +222,11 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
     from dsa_export.export.exporter import export_to_file
     from dsa_export.sources import resolve
 
+    import sys
+
+    from dsa_export.errors import trace_errors
+    from dsa_export.quiet import third_party_output
+
     source = resolve(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
                      seed=settings.export.seed, dtype=settings.export.dtype)
     bar = None
@@ -227,7 +234,8 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
         from tqdm import tqdm
 
         # The planner's weight bytes: what the stage writes, give or take precision-kept tensors.
-        bar = tqdm(total=progress_bytes, unit="B", unit_scale=True, unit_divisor=1024, leave=True,
+        # Our own bar: made before third-party output is caught, so it keeps the real stderr.
+        bar = tqdm(total=progress_bytes, unit="B", unit_scale=True, unit_divisor=1024, leave=True, file=sys.stderr,
                    desc=f"stage {index + 1}/{count} layers {reference.layers[0]}:{reference.layers[1]}")
 
     def step(name: str, nbytes: int) -> None:
@@ -237,7 +245,10 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
             bar.update(nbytes)
 
     try:
-        return export_to_file(source, settings.export, path, progress=step)
+        from dsa_export import interrupts
+
+        with interrupts.temporaries_of(path), trace_errors(source.spec), third_party_output():
+            return export_to_file(source, settings.export, path, progress=step)
     finally:
         if bar is not None:
             bar.close()

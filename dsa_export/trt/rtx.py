@@ -4,6 +4,11 @@ TensorRT-RTX has no plugin support, so custom ``dsa`` nodes are inlined from the
 bodies by its parser. Its AOT builder targets the compute capabilities given (Ampere and newer
 consumer/workstation GPUs; it does not support Hopper), so this proves a graph parses and builds
 here, while production engines for data-center GPUs come from full TensorRT.
+
+An engine build is minutes of native code, and an exception raised in one of its Python callbacks
+(Ctrl-C reaching the logger) is swallowed by TensorRT-RTX. Interrupts therefore only set a flag
+(:func:`dsa_export.interrupts.native_call`): the builder's progress monitor returns False from
+``step_complete`` once it is set, the builder stops, and the build raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from dsa_export import interrupts
 from dsa_export.errors import DSAUserError, require
 from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange, input_profiles
 
@@ -55,6 +61,25 @@ def _logger(trt, sink: list[str]):
     return _Logger()
 
 
+def _progress_monitor(trt):
+    """Stops the build (``step_complete`` returns False) once an interrupt asked to."""
+
+    class _Progress(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            pass
+
+        def step_complete(self, phase_name, step):
+            return not interrupts.cancelled()
+
+        def phase_finish(self, phase_name):
+            pass
+
+    return _Progress()
+
+
 @dataclass
 class ParsedNetwork:
     """Keeps the logger alive as long as the builder and network that use it."""
@@ -84,13 +109,29 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
         from onnx.inliner import inline_local_functions
 
         model = inline_local_functions(model)
-        parsed = parser.parse(model.SerializeToString(), str(path))
+        with interrupts.native_call():
+            parsed = parser.parse(model.SerializeToString(), str(path))
     else:
-        parsed = parser.parse_from_file(str(path))
+        with interrupts.native_call():
+            parsed = parser.parse_from_file(str(path))
     if not parsed:
         errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
         raise DSAUserError(f"TensorRT-RTX could not parse '{path}': {errors}")
     return ParsedNetwork(builder, network, parser, logger, messages)
+
+
+def check_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The targets upper-cased, or a usage error naming those TensorRT-RTX cannot build for."""
+    trt = rtx()
+    known = [c for c in trt.ComputeCapability.__members__ if c.startswith("SM")]
+    wanted = tuple(t.upper() for t in targets)
+    unknown = [t for t in wanted if t not in known]
+    if unknown:
+        from dsa_export.errors import DSAUsageError
+
+        raise DSAUsageError(f"--rtx-target {', '.join(unknown)} is not a compute capability TensorRT-RTX "
+                            f"{trt.__version__} builds for; choose from {', '.join(known)}.")
+    return wanted
 
 
 def build_engine(
@@ -117,7 +158,10 @@ def build_engine(
             known = [c for c in trt.ComputeCapability.__members__ if c.startswith("SM")]
             raise DSAUserError(f"TensorRT-RTX cannot target {target}; choose from {', '.join(known)}.") from None
         config.set_compute_capability(cc, i)
-    engine = builder.build_serialized_network(network, config)
+    monitor = _progress_monitor(trt)
+    config.progress_monitor = monitor
+    with interrupts.native_call():
+        engine = builder.build_serialized_network(network, config)
     if engine is None:
         detail = "; ".join(m for m in messages if m.startswith("ERROR"))[:500]
         raise DSAUserError(f"TensorRT-RTX failed to build an engine from '{path}': {detail or 'see the log'}")
