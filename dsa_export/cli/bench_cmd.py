@@ -78,8 +78,12 @@ _CASE_OPTIONS = {
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="CPU threads for torch and ONNX Runtime (0: torch's default).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report as JSON here ('-' for stdout, then no table).")
+@click.option("--json", "json_arg", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Print the report as JSON on stdout instead of the table (as --json does on every command); "
+                   "--json FILE, the older form, writes it to FILE like --json-out.")
+@click.option("--json-out", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the report as JSON to this file (atomically).")
 @click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown results file (date, machine, load, versions, tables) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
@@ -87,7 +91,7 @@ _CASE_OPTIONS = {
                    "(needs matplotlib).")
 @click.pass_context
 def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
-            repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory, json_out, markdown_out,
+            repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory, json_arg, json_out, markdown_out,
             plot_out) -> None:
     """Time one DSA attention layer (indexer + top-k + sparse attention) against the same layer with
     dense causal attention across sequence lengths (--case attention), or one DeepSeek-V3.2-width
@@ -103,6 +107,15 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
         raise DSAUsageError(f"--backends lists a backend twice ({','.join(backends)}); name each once.")
     if plot_out is not None and plot_out.suffix.lower() != ".png":
         raise DSAUsageError(f"--plot writes a PNG, so its file name must end in .png, not '{plot_out.name}'.")
+    from dsa_export.cli.options import check_outputs
+
+    as_json = json_arg is not None and str(json_arg) == "-"
+    if json_arg is not None and not as_json:
+        if json_out is not None:
+            raise DSAUsageError("--json FILE and --json-out FILE both name a file; keep --json-out.")
+        json_out = json_arg
+
+    check_outputs((json_out, "--json-out"), (markdown_out, "--markdown"), (plot_out, "--plot"))
     if case == "moe":
         settings = _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
                                  repeats, warmup, case_budget_s, threads, no_memory)
@@ -115,7 +128,7 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
         require_matplotlib()
     from dsa_export.fileio import atomic_output
 
-    to_stdout = json_out is not None and str(json_out) == "-"
+    to_stdout = as_json
     progress = None if to_stdout else lambda msg: click.echo(msg, err=True)
     if case == "moe":
         from dsa_export.bench.moe import run_moe_bench
@@ -133,9 +146,10 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
         click.echo(text)
     else:
         click.echo(render(report))
-        if json_out is not None:
-            with atomic_output(json_out) as tmp:
-                tmp.write_text(text + "\n")
+    if json_out is not None:
+        with atomic_output(json_out) as tmp:
+            tmp.write_text(text + "\n")
+        if not to_stdout:
             click.echo(f"Wrote {json_out}.")
     if markdown_out is not None:
         with atomic_output(markdown_out) as tmp:

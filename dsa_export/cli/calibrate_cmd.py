@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from dsa_export.cli.options import check_outputs, emit_report, json_options, say
 from dsa_export.errors import DSAUsageError
 
 
@@ -44,9 +45,10 @@ from dsa_export.errors import DSAUsageError
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the accuracy report as JSON here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@json_options
 def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
             quantize_indexer, keep_indexer_projections, experts, recipe, cache, from_cache, trt_version, report,
-            progress) -> None:
+            progress, as_json, json_out) -> None:
     """Calibrate ONNX_FILE (an fp32 export) and write it with explicit QuantizeLinear/DequantizeLinear.
 
     Q/DQ goes on MatMul/Gemm inputs only (weights per-channel, activations per-tensor, both
@@ -60,9 +62,10 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     from dsa_export.quantize import QuantizeSettings, quantize, save
     from dsa_export.quantize.cache import version_number
 
-    targets = [p.resolve() for p in (output, cache, report) if p is not None]
+    targets = [p.resolve() for p in (output, cache, report, json_out) if p is not None]
     if onnx_file.resolve() in targets or len(set(targets)) != len(targets):
-        raise DSAUsageError("the input and the -o/--cache/--report paths must all differ.")
+        raise DSAUsageError("the input and the -o/--cache/--report/--json-out paths must all differ.")
+    check_outputs((output, "-o"), (cache, "--cache"), (report, "--report"), (json_out, "--json-out"))
     if data is None and from_cache is None:
         raise DSAUsageError("give calibration data with --data DIR|SCRIPT|builtin (or scales with --from-cache).")
     if cache is not None:
@@ -75,6 +78,13 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     )
     if cache is not None and (precision or "int8") != "int8":
         raise DSAUsageError("--cache writes INT8 scales for TensorRT 10; drop it or use --precision int8.")
+    import onnxruntime
+
+    from dsa_export.manifest import verify_recorded_onnx
+    from dsa_export.quiet import quiet_onnxruntime
+
+    quiet_onnxruntime(onnxruntime)
+    verify_recorded_onnx(onnx_file)
     result = quantize(onnx_file, settings)
     save(result, output, cache=cache, report=report, trt_version=trt_version)
     r = result.recipe
@@ -85,17 +95,28 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         quantized = len(moe.targets)
         experts = (f"routed experts of {quantized} of {len(moe.routing)} MoE layers {forms[r.experts_mode]}, "
                    if quantized else f"routed experts of {len(moe.routing)} MoE layers kept in high precision, ")
-    click.echo(
+    say(
         f"Wrote {output}: {r.precision} Q/DQ on {len(result.placement.targets)} MatMul/Gemm nodes "
         f"({len(result.placement.skipped)} kept in high precision), {experts}"
         + (f"scales from {from_cache}" if from_cache else f"{r.method} over {result.calibration_samples} samples")
-        + f", recipe '{r.name}'."
+        + f", recipe '{r.name}'.", as_json
     )
     if cache is not None:
-        click.echo(f"Wrote {cache}: TensorRT {trt_version} INT8 calibration cache, {len(result.activation_scales)} tensors.")
+        say(f"Wrote {cache}: TensorRT {trt_version} INT8 calibration cache, {len(result.activation_scales)} tensors.",
+            as_json)
     if result.report is not None:
-        click.echo(result.report.table())
+        say(result.report.table(), as_json)
         if report is not None:
-            click.echo(f"Wrote {report}.")
+            say(f"Wrote {report}.", as_json)
+    import json
+
+    emit_report({
+        "input": str(onnx_file), "output": str(output), "precision": r.precision, "method": r.method,
+        "recipe": r.name, "quantized_nodes": len(result.placement.targets), "kept_nodes": len(result.placement.skipped),
+        "calibration_samples": result.calibration_samples, "scales_from": str(from_cache) if from_cache else None,
+        "cache": str(cache) if cache is not None else None, "report_file": str(report) if report is not None else None,
+        "report": json.loads(result.report.to_json()) if result.report is not None else None,
+    }, as_json, json_out)
+    if result.report is not None:
         if not result.report.passed:
             raise DSAUserError("the quantized model fails its accuracy thresholds (see the table above).")

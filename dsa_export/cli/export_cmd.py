@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from dsa_export.cli.options import LAYER_SPAN, check_outputs, emit_report, json_options, say
 from dsa_export.cli.plan_cmd import StageCount
-from dsa_export.errors import DSAUsageError
+from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
 
 
@@ -29,7 +30,7 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
               help="Standard-domain ONNX opset. Default: 18, or 21 for FP8 weights (blocked DequantizeLinear).")
 @click.option("--graph", type=click.Choice(["prefill", "decode"]), default=None,
               help="Hugging Face models: prefill (default) or a decode step with explicit caches.")
-@click.option("--layers", default=None, metavar="A:B",
+@click.option("--layers", type=LAYER_SPAN, default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
 @click.option("--stages", type=StageCount(), default=None,
               help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
@@ -43,9 +44,10 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
 @click.option("--dequantize-fp8", is_flag=True,
               help="Hugging Face models stored in FP8: write the weights dequantized (in --dtype, default bf16) "
                    "for runtimes without FP8.")
+@json_options
 def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str | None, opset: int | None,
             graph: str | None, layers: str | None, stages: str | int | None, gpu_memory: str | None, gpus: int | None,
-            max_batch: int, max_seq: int, dequantize_fp8: bool) -> None:
+            max_batch: int, max_seq: int, dequantize_fp8: bool, as_json: bool, json_out: Path | None) -> None:
     """Export MODEL to ONNX with DSA custom ops.
 
     MODEL is a built-in model name (default: tiny), path/file.py:factory, where factory()
@@ -53,12 +55,19 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     Hugging Face directory of a deepseek_v32 (DeepSeek-V3.2) or glm_moe_dsa (GLM-5) model.
     Checkpoints are read one tensor at a time and written straight into the file (external data
     past 2 GB): memory stays at about one layer, whatever the model.
+
+    A path/file.py:factory is Python code that dsa-export imports and runs because you named it;
+    files only record it, and no later command runs it unless you pass it again (--reference).
     """
+    from dsa_export.errors import trace_errors
     from dsa_export.export import ExportSettings
+    from dsa_export.quiet import third_party_output
     from dsa_export.sources import resolve
 
     if model and ":" in model and Path(model.rsplit(":", 1)[0]).resolve() == output.resolve():
         raise DSAUsageError("the output path is the model file itself; choose another -o.")
+    if model and Path(model).is_dir() and output.resolve() == Path(model).resolve():
+        raise DSAUsageError("the output path is the checkpoint folder itself; choose another -o.")
     is_hf = bool(model) and Path(model).is_dir()
     if not is_hf and (graph or layers or dequantize_fp8 or stages is not None):
         raise DSAUsageError("--graph, --layers, --stages and --dequantize-fp8 apply to Hugging Face model directories only.")
@@ -71,46 +80,63 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
                             "count such as --stages 4.")
     settings = ExportSettings(ops=ops, batch=batch, seq_len=seq_len, dtype=dtype, opset=opset)
     start = time.perf_counter()
+    # Every output is checked before the model is read or traced.
+    check_outputs((json_out, "--json-out"))
     if stages is not None:
+        from dsa_export.fileio import check_output_path
+
+        if output.exists() and not output.is_dir():
+            raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
+        check_output_path(output, "-o", folder=True, inside=True)
         _export_stages(Path(model), output, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph or "prefill",
-                       dequantize_fp8, start)
+                       dequantize_fp8, start, as_json, json_out)
         return
+    if output.is_dir():
+        raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
+    check_outputs((output, "-o"), (Path(str(output) + ".data"), "-o (its external data)"))
     if is_hf:
         from dsa_export.hf.loader import inspect_checkpoint
         from dsa_export.hf.source import hf_reference, parse_layers
 
         ckpt = inspect_checkpoint(model)
-        span = parse_layers(layers, ckpt.num_layers) if layers else None
+        try:
+            span = parse_layers(layers, ckpt.num_layers) if layers else None
+        except DSAUserError as exc:
+            raise DSAUsageError(str(exc)) from exc
         source = resolve(hf_reference(model, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8),
                          batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype)
     else:
         source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
-    _check_output(output)
     from dsa_export.export import export_to_file
 
-    result = export_to_file(source, settings, output)
+    from dsa_export import interrupts
+
+    # The exporter stages large files in a hidden sibling folder: removed if the process is ended.
+    with interrupts.temporaries_of(output), trace_errors(source.spec), third_party_output():
+        result = export_to_file(source, settings, output)
+    seconds = time.perf_counter() - start
     data = f", {result.external_bytes / 2**30:.2f} GiB of weights in {output.name}.data" if result.external_bytes else ""
-    click.echo(
-        f"Exported {source.spec} to {output} ({ops} ops, {result.dsa_nodes} dsa nodes, {result.settings.dtype}, "
-        f"opset {result.settings.opset}{data}) in {time.perf_counter() - start:.1f} s."
-    )
-
-
-def _check_output(output: Path) -> None:
-    if output.is_dir():
-        raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
+    say(f"Exported {source.spec} to {output} ({ops} ops, {result.dsa_nodes} dsa nodes, {result.settings.dtype}, "
+        f"opset {result.settings.opset}{data}) in {seconds:.1f} s.", as_json)
+    report = {"output": str(output), "model": source.spec, "ops": ops, "dsa_nodes": result.dsa_nodes,
+              "dtype": result.settings.dtype, "opset": result.settings.opset, "weight_bytes": result.weight_bytes,
+              "external_data": f"{output}.data" if result.external_bytes else None,
+              "external_bytes": result.external_bytes, "seconds": round(seconds, 2)}
+    emit_report(report, as_json, json_out)
 
 
 def _export_stages(model: Path, output: Path, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph,
-                   dequantize_fp8, start) -> None:
+                   dequantize_fp8, start, as_json: bool, json_out: Path | None) -> None:
     from dsa_export.build.stages import StageExportSettings, export_stages, stage_table
 
-    if output.exists() and not output.is_dir():
-        raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
     stage_settings = StageExportSettings(stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
                                          max_seq=max_seq, graph=graph, dequantize_fp8=dequantize_fp8, export=settings)
     pipeline, outcomes = export_stages(model, output, stage_settings)
-    click.echo(stage_table(outcomes))
+    say(stage_table(outcomes), as_json)
     kept = sum(o.status == "kept" for o in outcomes)
-    click.echo(f"Exported {len(pipeline.stages)} stages of {pipeline.num_layers} layers to {output} "
-               f"({kept} kept from an earlier run) in {time.perf_counter() - start:.1f} s; see {output / 'pipeline.json'}.")
+    say(f"Exported {len(pipeline.stages)} stages of {pipeline.num_layers} layers to {output} "
+        f"({kept} kept from an earlier run) in {time.perf_counter() - start:.1f} s; see {output / 'pipeline.json'}.",
+        as_json)
+    emit_report({"output": str(output), "pipeline": str(output / "pipeline.json"), **pipeline.to_dict(),
+                 "outcomes": [vars(o) for o in outcomes], "seconds": round(time.perf_counter() - start, 2)},
+                as_json, json_out)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from dsa_export.cli.options import check_outputs, emit_report, json_options
+
 
 def _dims(value) -> list:
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
@@ -65,12 +67,13 @@ def _numel(tensor) -> int:
 
 @click.command(name="inspect")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def command(file: Path, as_json: bool) -> None:
+@json_options
+def command(file: Path, as_json: bool, json_out: Path | None) -> None:
     """Show the ops, custom nodes and their attributes, I/O shapes and metadata of FILE."""
+    check_outputs((json_out, "--json-out"), inputs=(file,))
     info = describe(file)
+    emit_report(json.dumps(info, indent=2, default=str), as_json, json_out)
     if as_json:
-        click.echo(json.dumps(info, indent=2, default=str))
         return
     click.echo(f"{info['file']}: IR {info['ir_version']}, opsets {info['opsets']}, producer {info['producer']}")
     for kind in ("inputs", "outputs"):

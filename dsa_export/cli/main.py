@@ -3,6 +3,14 @@
 Each subcommand lives in its own module exposing a click command named ``command``; modules are
 imported only when their subcommand runs, so ``dsa-export --help`` stays fast and a subcommand
 whose optional dependency is missing explains what to install instead of breaking the whole CLI.
+
+:func:`main` is where every command ends, the same way: exit 0 on success, 2 for a wrong command
+line (click's errors and :class:`DSAUsageError`, printed as one line), 1 for a user error (one
+sentence, no traceback; library exceptions caused by the user's input are turned into user errors
+by :func:`dsa_export.errors.as_user_error`), 130 on SIGINT/SIGTERM within seconds, even inside native code
+(:func:`dsa_export.interrupts.guard`), and 1 with "Internal
+error" for a real bug. ``--debug`` (accepted anywhere on the command line) shows tracebacks and the
+third-party output that is otherwise hidden (:mod:`dsa_export.quiet`).
 """
 
 from __future__ import annotations
@@ -12,8 +20,8 @@ import sys
 
 import click
 
-from dsa_export import __version__
-from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export import __version__, interrupts, quiet
+from dsa_export.errors import DSAUsageError, DSAUserError, as_user_error
 
 # name -> (module, one-line help). Keep sorted by pipeline order.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -80,45 +88,81 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
     )
 
 
-def _debug_requested(argv: list[str]) -> bool:
-    return "--debug" in argv
+def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--debug`` (wherever it stands before ``--``), and whether it was there."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [a for a in argv[:end] if a != "--debug"] + argv[end:]
+    return kept, len(kept) != len(argv)
+
+
+def _invoke(args: list[str]):
+    """What ``cli.main(standalone_mode=False)`` does, minus turning KeyboardInterrupt into a blank
+    line and Abort: every exception reaches :func:`main` as it was raised."""
+    with cli.make_context("dsa-export", args) as ctx:
+        return cli.invoke(ctx)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI and map exceptions to exit codes: 2 usage, 1 failure, no traceback without --debug."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = _debug_requested(args)
+    """Run the CLI and map exceptions to exit codes: 2 usage, 1 failure, 130 interrupted, no
+    traceback without --debug."""
+    args, debug = _take_debug(list(sys.argv[1:] if argv is None else argv))
+    quiet.set_debug(debug)
+    quiet.configure()
+    stderr = sys.stderr  # kept: third-party output may be redirected while a command runs
+
+    def say(message: str) -> None:
+        click.echo(message, file=stderr)
+
+    def interrupted() -> None:
+        say("Interrupted; no partial output was kept.")
+
     try:
         # In non-standalone mode click returns ctx.exit(n)'s code instead of exiting.
-        code = cli.main(args=args, prog_name="dsa-export", standalone_mode=False)
+        code = interrupts.guard(lambda: _invoke((["--debug"] if debug else []) + args), on_abort=interrupted)
     except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
+        say("Aborted.")
+        sys.exit(interrupts.EXIT_INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:  # includes click.UsageError (exit 2)
-        exc.show()
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show(file=stderr)
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        if debug:
+            raise
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        say(f"Error: {_one_line(exc.format_message())}{hint}")
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if debug:
+            raise
+        say(f"Error: {_one_line(exc.format_message())}")
         sys.exit(exc.exit_code)
     except DSAUsageError as exc:
         if debug:
             raise
-        click.echo(f"Error: {exc}", err=True)
+        say(f"Error: {_one_line(exc)}")
         sys.exit(2)
     except DSAUserError as exc:
         if debug:
             raise
-        click.echo(f"Error: {exc}", err=True)
+        say(f"Error: {_one_line(exc)}")
         sys.exit(1)
     except KeyboardInterrupt:
-        click.echo("Interrupted; no partial output was kept.", err=True)
-        sys.exit(130)
-    except Exception as exc:  # a bug in dsa-export
+        interrupted()
+        sys.exit(interrupts.EXIT_INTERRUPTED)
+    except Exception as exc:
+        mapped = as_user_error(exc)
         if debug:
             raise
-        click.echo(
-            f"Internal error (a bug in dsa-export, please report it): {type(exc).__name__}: {exc}. "
-            "Run again with --debug for the traceback.",
-            err=True,
-        )
+        if mapped is not None:  # the user's input or machine, not a bug
+            say(f"Error: {_one_line(mapped)}")
+            sys.exit(1)
+        say(f"Internal error (a bug in dsa-export, please report it): {type(exc).__name__}: {_one_line(exc)}. "
+            "Run again with --debug for the traceback.")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

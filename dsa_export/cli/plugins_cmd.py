@@ -70,12 +70,17 @@ def _run_streaming(cmd: list[str], log_path: Path, quiet: bool) -> tuple[int, li
         log.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            tail.append(line.rstrip())
-            if not quiet:
-                click.echo(line.rstrip(), err=True)
-        return proc.wait(), list(tail)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip())
+                if not quiet:
+                    click.echo(line.rstrip(), err=True)
+            return proc.wait(), list(tail)
+        except BaseException:  # an interrupt stops the compiler too
+            proc.kill()
+            proc.wait()
+            raise
 
 
 @click.group(name="plugins")
@@ -100,6 +105,11 @@ def command() -> None:
 def build(build_dir: Path | None, cuda_arch: str | None, tensorrt_root: Path | None, tensorrt_include: Path | None,
           jobs: int | None, build_type: str, warnings_as_errors: bool, quiet: bool) -> None:
     """Configure and build plugins/ with CMake; prints the built library paths."""
+    from dsa_export.fileio import check_output_path
+
+    archs = _parse_archs(cuda_arch)
+    if build_dir is not None:
+        check_output_path(build_dir, "--build-dir", folder=True, inside=True)
     src = lib.source_dir()
     if src is None:
         raise DSAUserError(
@@ -120,7 +130,6 @@ def build(build_dir: Path | None, cuda_arch: str | None, tensorrt_root: Path | N
     cxx = _find_cxx()
     if cxx is None:
         raise DSAUserError("No C++ compiler was found (tried $CXX, c++, g++, clang++); install g++ and run again.")
-    archs = _parse_archs(cuda_arch)
     for opt, path in (("--tensorrt-root", tensorrt_root), ("--tensorrt-include", tensorrt_include)):
         if path is not None and not path.is_dir():
             raise DSAUserError(f"{opt} {path} is not a directory.")
