@@ -17,7 +17,7 @@ from dsa_export.plugins.library import require_library
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ABI_VERSION = 2
+ABI_VERSION = 3  # 3: dsa_sparse_attention takes a NULL v as values from keys
 
 #: Kernel families of ``dsa_moe_experts`` (``dsa_moe_experts_path``'s codes).
 MOE_PATHS = {0: "generic", 1: "tensor-core-16", 2: "tensor-core-64", 3: "tensor-core-128"}
@@ -148,28 +148,59 @@ class KernelLibrary:
         return out
 
     def sparse_attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None,
+        indices: torch.Tensor,
+        *,
+        scale: float,
+        v_head_dim: int | None = None,
     ) -> torch.Tensor:
-        """Output [B,S,H,Dv] in q's dtype of the DSASparseAttention op."""
+        """Output [B,S,H,Dv] in q's dtype of the DSASparseAttention op.
+
+        Values from keys, as in ``dsa_export.ops.dsa_sparse_attention``: the contract's empty v
+        ``[B,0,Hkv,Dv]``, or ``v=None`` with ``v_head_dim=Dv``, takes the values from the first Dv
+        channels of k's rows (Dv <= Dk); the kernel then reads each selected row once. A v with
+        0 < Tv < T rows (the function body's mixed form) has no kernel and is refused.
+        """
         import torch
 
         B, S, H, Dk = q.shape
         T, Hkv = k.shape[1], k.shape[2]
-        Dv = v.shape[3]
         K = indices.shape[2]
-        if k.shape != (B, T, Hkv, Dk) or v.shape != (B, T, Hkv, Dv) or indices.shape[:2] != (B, S):
+        if v is None:
+            if v_head_dim is None or not 0 < int(v_head_dim) <= Dk:
+                raise ValueError(f"values from keys (v=None) need 0 < v_head_dim <= Dk = {Dk}, got {v_head_dim}")
+            Dv = int(v_head_dim)
+            v_shape = (B, 0, Hkv, Dv)
+        else:
+            Dv = v.shape[3]
+            v_shape = tuple(v.shape)
+            if v_head_dim is not None and int(v_head_dim) != Dv:
+                raise ValueError(f"v_head_dim {v_head_dim} != v's head dim {Dv}")
+            if v.dtype != q.dtype:
+                raise ValueError("q, k and v must share a dtype")
+        from_keys = v_shape[1] == 0 and T > 0
+        if k.shape != (B, T, Hkv, Dk) or v_shape not in ((B, T, Hkv, Dv), (B, 0, Hkv, Dv)) \
+                or indices.shape[:2] != (B, S):
             raise ValueError(
-                f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {v_shape} (T or 0 rows), "
                 f"indices {tuple(indices.shape)}"
             )
-        if k.dtype != q.dtype or v.dtype != q.dtype:
+        if from_keys and Dv > Dk:
+            raise ValueError(f"values from keys (an empty v) need Dv <= Dk, got Dv {Dv} and Dk {Dk}")
+        if k.dtype != q.dtype:
             raise ValueError("q, k and v must share a dtype")
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k = q.contiguous(), k.contiguous()
+        # An empty tensor's data_ptr() may be 0 or k's address: the kernel is told by a NULL v.
+        v_rows = None if v is None or v_shape[1] == 0 else v.contiguous()
         indices = indices.to(dtype=torch.int32).contiguous()
         out = torch.empty((B, S, H, Dv), dtype=q.dtype, device=q.device)
         status = self._lib.dsa_sparse_attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), indices.data_ptr(), out.data_ptr(),
-            B, S, T, H, Hkv, Dk, Dv, K, float(scale), self.dtype_code(q.dtype), self._stream(q.device),
+            q.data_ptr(), k.data_ptr(), v_rows.data_ptr() if v_rows is not None else None, indices.data_ptr(),
+            out.data_ptr(), B, S, T, H, Hkv, Dk, Dv, K, float(scale), self.dtype_code(q.dtype),
+            self._stream(q.device),
         )
         self._check(status, "dsa_sparse_attention")
         return out

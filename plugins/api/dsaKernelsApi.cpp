@@ -118,6 +118,7 @@ DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v
         p.Dv = Dv;
         p.K = K;
         p.scale = scale;
+        p.valuesFromKeys = v == nullptr && T > 0; // see dsa_kernels.h: NULL v = values from keys
         return dsa::launchSparseAttention(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
     }
     catch (std::exception const& e)

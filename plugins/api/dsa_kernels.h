@@ -51,8 +51,10 @@ typedef enum
 
 /* Version of this ABI: bumped whenever entry points are added or changed, so that a binding can
  * tell whether the symbols it was written for are all there (version 2 added dsa_moe_experts*,
- * DSA_DTYPE_FP8_E4M3 and dsa_activation_t; the version-1 entry points are unchanged). */
-#define DSA_KERNELS_ABI_VERSION 2
+ * DSA_DTYPE_FP8_E4M3 and dsa_activation_t; the version-1 entry points are unchanged). Version 3:
+ * dsa_sparse_attention takes v == NULL (with T > 0) as values from keys; every signature and every
+ * call that was valid before are unchanged (v == NULL with T > 0 used to be an error). */
+#define DSA_KERNELS_ABI_VERSION 3
 DSA_API int32_t dsa_kernels_abi_version(void);
 
 /* Human-readable name of a status code. */
@@ -82,6 +84,11 @@ DSA_API int32_t dsa_indexer_topk(void const* q, void const* k, void const* w, in
  *   q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv] (dtype), indices [B,S,K] int32, out [B,S,H,Dv] (dtype).
  *   out[b,s,h] = softmax_j(scale * q[b,s,h] . k[b,i_j,g(h)]) @ v[b,i_j,g(h)] over valid i_j in [0,T),
  *   g(h) = h / (H / Hkv); rows without a valid index are 0. Needs no workspace.
+ * Values from keys (ABI 3): v == NULL means v[b,t,g] = k[b,t,g,0:Dv] (needs Dv <= Dk), the op
+ *   contract's empty v [B,0,Hkv,Dv] (DeepSeek's absorbed MLA: Dk = 576 latent + rope channels, the
+ *   first Dv = 512 are the values). Each selected row is then read once, Dk elements instead of
+ *   Dk + Dv. The result has the same bits as passing a v that holds those channels. With T == 0
+ *   nothing is read and v may be NULL in either form.
  */
 DSA_API size_t dsa_sparse_attention_workspace_size(
     int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K);

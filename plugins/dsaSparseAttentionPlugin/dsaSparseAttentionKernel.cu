@@ -18,6 +18,12 @@
  * (query, kv head, chunk of up to 4 heads), one warp per head; selected K/V rows are converted to
  * fp32 in shared memory (tiles of up to 32 rows), scores by warp reductions, online softmax and the
  * output accumulator in fp32 shared memory. Correct for any Dk/Dv/H/Hkv, memory-bound and slower.
+ *
+ * Values from keys (p.valuesFromKeys: the values are the first Dv <= Dk channels of k's rows, the
+ * contract's empty v): both paths load only the K tile and read the value operand from it, with
+ * the K tile's row pitch; v is never dereferenced and each selected row crosses the memory bus
+ * once (Dk elements instead of Dk + Dv). The arithmetic, its order and the fp32 accumulation are
+ * the same as with a separate v holding those channels, so both forms give the same bits.
  */
 #include "dsaSparseAttentionKernel.h"
 
@@ -42,10 +48,11 @@ struct TcConfig
     size_t smem{0};
 };
 
-size_t tcSmemBytes(int32_t wm, int32_t stages, int64_t dk, int64_t dv)
+size_t tcSmemBytes(int32_t wm, int32_t stages, int64_t dk, int64_t dv, bool valuesFromKeys)
 {
     int64_t const hb = 16 * wm;
-    int64_t const elems = hb * (dk + 8) + stages * kTC_BN * ((dk + 8) + (dv + 8)) + hb * (kTC_BN + 8);
+    int64_t const vPitch = valuesFromKeys ? 0 : dv + 8; // values from keys have no V tile of their own
+    int64_t const elems = hb * (dk + 8) + stages * kTC_BN * ((dk + 8) + vPitch) + hb * (kTC_BN + 8);
     return static_cast<size_t>(elems) * 2 + static_cast<size_t>(4 * hb) * sizeof(float)
         + static_cast<size_t>(stages * kTC_BN) * sizeof(int32_t);
 }
@@ -61,15 +68,17 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
     static_assert(NT % 2 == 0, "NT must be even");
 
     extern __shared__ __align__(16) unsigned char smemRaw[];
+    bool const vFromK = p.valuesFromKeys;
     int const dk = static_cast<int>(p.Dk);
     int const ldq = dk + 8;
     int const ldk = dk + 8;
-    constexpr int ldv = DV + 8;
+    // Values from keys read the value operand out of the K tile (its first DV columns).
+    int const ldv = vFromK ? ldk : DV + 8;
     constexpr int ldp = BN + 8;
     T* sQ = reinterpret_cast<T*>(smemRaw);
     T* sK = sQ + HB * ldq;
-    T* sV = sK + stages * BN * ldk;
-    T* sP = sV + stages * BN * ldv;
+    T* sV = sK + stages * BN * ldk; // own V tiles: none when values come from keys
+    T* sP = sV + (vFromK ? 0 : stages * BN * ldv);
     float* sMax = reinterpret_cast<float*>(sP + HB * ldp); // [2][HB]
     float* sSum = sMax + 2 * HB;                           // [2][HB]
     int* sIdx = reinterpret_cast<int*>(sSum + 2 * HB);     // [stages][BN]
@@ -91,7 +100,7 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
     T const* q = static_cast<T const*>(p.q) + (bs * p.H + h0) * p.Dk;
     int32_t const* idx = p.indices + bs * p.K;
     T const* kBase = static_cast<T const*>(p.k) + (b * p.T * p.Hkv + kvh) * p.Dk;
-    T const* vBase = static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * DV;
+    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * DV;
     int64_t const kRowStride = p.Hkv * p.Dk;
     int64_t const vRowStride = p.Hkv * DV;
     int const kChunks = dk / 8;
@@ -118,7 +127,7 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
             T const* src = valid ? kBase + static_cast<int64_t>(t) * kRowStride + cc * 8 : kBase;
             mma::cpAsync16(kS + r * ldk + cc * 8, src, valid);
         }
-        for (int i = threadIdx.x; i < BN * vChunks; i += NTHREADS)
+        for (int i = threadIdx.x; !vFromK && i < BN * vChunks; i += NTHREADS)
         {
             int const r = i / vChunks;
             int const cc = i - r * vChunks;
@@ -170,7 +179,7 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
         __syncthreads();
 
         T const* kS = sK + buf * BN * ldk;
-        T const* vS = sV + buf * BN * ldv;
+        T const* vS = vFromK ? kS : sV + buf * BN * ldv;
         int const* idxS = sIdx + buf * BN;
 
         // S = Q K^T for head rows [rowBase, rowBase + 16) and keys [half * 16, half * 16 + 16).
@@ -314,9 +323,10 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
 
 constexpr int32_t kGEN_MAX_HEADS = 4; // heads (warps) per CTA
 
-size_t genericSmemBytes(int64_t bn, int64_t hc, int64_t dk, int64_t dv)
+size_t genericSmemBytes(int64_t bn, int64_t hc, int64_t dk, int64_t dv, bool valuesFromKeys)
 {
-    return static_cast<size_t>(bn * (dk + dv) + hc * (dk + dv)) * sizeof(float) + static_cast<size_t>(bn) * sizeof(int);
+    int64_t const rowElems = valuesFromKeys ? dk : dk + dv; // values from keys are read out of the K rows
+    return static_cast<size_t>(bn * rowElems + hc * (dk + dv)) * sizeof(float) + static_cast<size_t>(bn) * sizeof(int);
 }
 
 template <typename T>
@@ -325,9 +335,11 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
     extern __shared__ __align__(16) unsigned char smemRaw[];
     int64_t const dk = p.Dk;
     int64_t const dv = p.Dv;
-    float* sK = reinterpret_cast<float*>(smemRaw); // [bn][dk]
-    float* sV = sK + bn * dk;                      // [bn][dv]
-    float* sQ = sV + bn * dv;                      // [hc][dk]
+    bool const vFromK = p.valuesFromKeys;
+    int64_t const ldv = vFromK ? dk : dv;                       // row pitch of the value rows in sV
+    float* sK = reinterpret_cast<float*>(smemRaw);              // [bn][dk]
+    float* sV = vFromK ? sK : sK + bn * dk;                     // [bn][ldv]: the K rows themselves, or [bn][dv]
+    float* sQ = sK + bn * dk + (vFromK ? 0 : bn * dv);          // [hc][dk]
     float* sAcc = sQ + hc * dk;                    // [hc][dv]
     int* sValid = reinterpret_cast<int*>(sAcc + hc * dv);
 
@@ -346,7 +358,7 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
     T const* q = static_cast<T const*>(p.q) + (bs * p.H + h0) * dk;
     int32_t const* idx = p.indices + bs * p.K;
     T const* kBase = static_cast<T const*>(p.k) + (b * p.T * p.Hkv + kvh) * dk;
-    T const* vBase = static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * dv;
+    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * dv;
 
     for (int64_t i = threadIdx.x; i < nHeads * dk; i += nThreads)
     {
@@ -380,7 +392,7 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
             int const t = sValid[r];
             sK[i] = t >= 0 ? toFloat(kBase[static_cast<int64_t>(t) * p.Hkv * dk + d]) : 0.F;
         }
-        for (int64_t i = threadIdx.x; i < rows * dv; i += nThreads)
+        for (int64_t i = threadIdx.x; !vFromK && i < rows * dv; i += nThreads)
         {
             int64_t const r = i / dv;
             int64_t const d = i - r * dv;
@@ -415,7 +427,7 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
             l = l * alpha + pr;
             for (int64_t d = lane; d < dv; d += 32)
             {
-                acc[d] = fmaf(pr, sV[r * dv + d], acc[d] * alpha);
+                acc[d] = fmaf(pr, sV[r * ldv + d], acc[d] * alpha);
             }
             m = mNew;
         }
@@ -441,11 +453,11 @@ int32_t launchGeneric(SparseAttentionParams const& p, DeviceInfo const& dev, cud
     size_t const perCta = static_cast<size_t>(hc) * 16 * 1024;
     size_t const budget = dev.maxSmemOptin < perCta ? dev.maxSmemOptin : perCta;
     int64_t bn = 32;
-    while (bn > 1 && genericSmemBytes(bn, hc, p.Dk, p.Dv) > budget)
+    while (bn > 1 && genericSmemBytes(bn, hc, p.Dk, p.Dv, p.valuesFromKeys) > budget)
     {
         bn /= 2;
     }
-    size_t const smem = genericSmemBytes(bn, hc, p.Dk, p.Dv);
+    size_t const smem = genericSmemBytes(bn, hc, p.Dk, p.Dv, p.valuesFromKeys);
     if (smem > dev.maxSmemOptin)
     {
         return setLastError(kUNSUPPORTED,
@@ -513,7 +525,7 @@ bool tcShapeOk(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DType dtype, int3
         && Dk % 16 == 0 && Dk > 0 && (Dv == 128 || Dv == 256 || Dv == 512);
 }
 
-TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, size_t maxSmem)
+TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, bool valuesFromKeys, size_t maxSmem)
 {
     for (int32_t wm : {4, 2, 1})
     {
@@ -523,7 +535,7 @@ TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, size_t maxSmem)
         }
         for (int32_t stages : {2, 1})
         {
-            size_t const smem = tcSmemBytes(wm, stages, Dk, Dv);
+            size_t const smem = tcSmemBytes(wm, stages, Dk, Dv, valuesFromKeys);
             if (smem <= maxSmem)
             {
                 return TcConfig{wm, stages, smem};
@@ -564,8 +576,14 @@ int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaS
     {
         return kSUCCESS;
     }
+    if (p.valuesFromKeys && p.Dv > p.Dk)
+    {
+        return setLastError(kINVALID_ARGUMENT,
+            "DSASparseAttention: values from keys need Dv <= Dk, got Dv = " + std::to_string(p.Dv)
+                + " and Dk = " + std::to_string(p.Dk));
+    }
     if (p.q == nullptr || p.out == nullptr || (p.K > 0 && p.indices == nullptr)
-        || (p.T > 0 && (p.k == nullptr || p.v == nullptr)))
+        || (p.T > 0 && (p.k == nullptr || (!p.valuesFromKeys && p.v == nullptr))))
     {
         return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: a required pointer is null");
     }
@@ -579,10 +597,10 @@ int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaS
         return kCUDA_ERROR;
     }
     bool const tc = tcShapeOk(p.H, p.Hkv, p.Dk, p.Dv, dtype, dev.smMajor) && aligned16(p.q) && aligned16(p.k)
-        && aligned16(p.v) && aligned16(p.out);
+        && (p.valuesFromKeys || aligned16(p.v)) && aligned16(p.out);
     if (tc)
     {
-        TcConfig const cfg = pickTcConfig(p.H / p.Hkv, p.Dk, p.Dv, dev.maxSmemOptin);
+        TcConfig const cfg = pickTcConfig(p.H / p.Hkv, p.Dk, p.Dv, p.valuesFromKeys, dev.maxSmemOptin);
         if (cfg.wm != 0)
         {
             return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, stream)

@@ -12,11 +12,14 @@ struct SparseAttentionParams
 {
     void const* q{nullptr};          //!< [B,S,H,Dk]
     void const* k{nullptr};          //!< [B,T,Hkv,Dk]
-    void const* v{nullptr};          //!< [B,T,Hkv,Dv]
+    void const* v{nullptr};          //!< [B,T,Hkv,Dv]; unused (may be null) when valuesFromKeys
     int32_t const* indices{nullptr}; //!< [B,S,K], -1 or out-of-range entries are skipped
     void* out{nullptr};              //!< [B,S,H,Dv]
     int64_t B{0}, S{0}, T{0}, H{0}, Hkv{0}, Dk{0}, Dv{0}, K{0};
     float scale{1.F};
+    //! The values are the first Dv channels of k's rows (Dv <= Dk; DeepSeek's absorbed MLA, the
+    //! contract's empty v [B,0,Hkv,Dv]): v is not read, and each selected row is loaded once.
+    bool valuesFromKeys{false};
 };
 
 //! Which kernel family serves these shapes: 1 = tensor-core (mma.sync) path, 0 = generic path.

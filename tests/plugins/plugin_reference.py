@@ -45,11 +45,17 @@ def indexer_topk(q, k, w, lengths=None, *, topk: int, scale: float, causal: bool
 
 
 def sparse_attention(q, k, v, indices, *, scale: float) -> torch.Tensor:
-    """out [B,S,H,Dv] float64: softmax over the valid selected keys of each (b, s), shared by all heads."""
+    """out [B,S,H,Dv] float64: softmax over the valid selected keys of each (b, s), shared by all heads.
+
+    An empty v ``[B,0,Hkv,Dv]`` takes the values from the first Dv channels of the keys (Dv <= Dk).
+    """
     q64, k64, v64 = q.double().cpu(), k.double().cpu(), v.double().cpu()
     idx = indices.to(torch.int64).cpu()
     B, S, H, Dk = q64.shape
     T, Hkv = k64.shape[1], k64.shape[2]
+    if v64.shape[1] == 0 and T > 0:
+        assert v64.shape[3] <= Dk, f"values from keys need Dv <= Dk, got {v64.shape[3]} > {Dk}"
+        v64 = k64[..., : v64.shape[3]]
     group = H // Hkv
     valid = (idx >= 0) & (idx < T)                       # [B,S,K]
     safe = idx.clamp(0, max(T - 1, 0))

@@ -141,7 +141,7 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     build_dir, _, _ = sm90_build
     kern = KernelLibrary(build_dir / "libdsa_kernels.so")
     raw = kern._lib
-    assert raw.dsa_kernels_abi_version() == 2
+    assert raw.dsa_kernels_abi_version() == 3
     assert raw.dsa_status_string(1) == b"invalid argument"
     status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
     assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
@@ -156,6 +156,31 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     assert ws(1, 16384, 16384, 64, 128, 2048) == 256 << 20
     assert ws(1, 4, 100, 64, 128, 8) >= 4 * 100 * 4
     assert raw.dsa_indexer_topk_min_workspace_size(ctypes.c_int64(100)) == 512
+
+
+def test_sparse_attention_c_abi_takes_values_from_keys_without_a_gpu(sm90_build):
+    """ABI 3: a NULL v (with T > 0) is values from keys; its argument checks run before CUDA."""
+    from dsa_export.plugins.kernels import KernelLibrary
+
+    build_dir, _, _ = sm90_build
+    raw = KernelLibrary(build_dir / "libdsa_kernels.so")._lib
+    fake = 0x10000  # never dereferenced: every call below stops before a launch
+
+    def call(q=fake, k=fake, v=None, B=1, S=2, T=40, H=16, Hkv=1, Dk=64, Dv=32, K=8):
+        status = raw.dsa_sparse_attention(q, k, v, fake, fake, B, S, T, H, Hkv, Dk, Dv, K, 1.0, 2, None)
+        return status, raw.dsa_last_error().decode()
+
+    status, err = call(Dv=128)
+    assert status == 1 and "Dv <= Dk" in err, err
+    # Dv <= Dk with a NULL v passes every argument check; the grid limit (Hkv * H > 65535) is the
+    # last check before the device is queried, so reaching it proves the NULL v was accepted.
+    status, err = call(H=1024, Hkv=128, Dv=64)
+    assert status == 2 and "grid limits" in err, err
+    status, err = call(H=1024, Hkv=128, Dv=64, v=fake)
+    assert status == 2 and "grid limits" in err, err  # the explicit form is unchanged
+    status, err = call(k=None)
+    assert status == 1 and "null" in err, err
+    assert call(B=0, Dv=128)[0] == 0  # nothing to do: success, as before ABI 3
 
 
 def test_moe_c_abi_validates_and_sizes_without_a_gpu(sm90_build):

@@ -200,6 +200,91 @@ def test_sparse_attention_rows_without_valid_index_are_zero(cuda_kernels):
     assert bool(got[0, 1].abs().sum() > 0)
 
 
+# Values from keys: the contract's empty v [B,0,Hkv,Dv] means the values are the first Dv channels
+# of k's rows (DeepSeek's absorbed MLA: Dk = 576, Dv = 512). Held to dsa_export.ops.reference with
+# the same empty v, and to the same kernel given those channels as an explicit v: the kernel reads
+# the value operand out of the K tile with the same arithmetic, so the two forms agree bit for bit.
+VFK_CASES = [
+    # name, B, S, T, H, Hkv, Dk, Dv, K, dtype
+    ("vfk-small-tc-144-128-bf16", 2, 3, 300, 16, 1, 144, 128, 64, "bf16"),
+    ("vfk-small-tc-dv-eq-dk-fp16", 1, 2, 300, 32, 2, 128, 128, 96, "fp16"),
+    ("vfk-small-generic-72-40-bf16", 1, 2, 200, 8, 2, 72, 40, 33, "bf16"),
+    ("vfk-small-generic-72-40-fp32", 1, 3, 200, 4, 2, 72, 40, 33, "fp32"),
+    ("vfk-per-head-192-128-bf16", 1, 2, 400, 4, 4, 192, 128, 100, "bf16"),
+    ("vfk-mla-576-512-h128-bf16", 1, 2, 2500, 128, 1, 576, 512, 2048, "bf16"),
+    ("vfk-mla-576-512-h64-fp16", 1, 2, 3000, 64, 1, 576, 512, 2048, "fp16"),
+    ("vfk-mla-576-512-h16-fp32", 1, 2, 500, 16, 1, 576, 512, 100, "fp32"),
+    ("vfk-mla-S1-decode-h128-bf16", 2, 1, 5000, 128, 1, 576, 512, 2048, "bf16"),
+    ("vfk-mla-T-lt-K-h64-bf16", 1, 4, 100, 64, 1, 576, 512, 256, "bf16"),
+]
+
+
+def _ops_reference_attention(q, k, v, idx, *, scale):
+    """dsa_export.ops.reference (NumPy, float64 inside) on the same inputs, as float64 torch."""
+    from dsa_export.ops.reference import sparse_attention_reference
+
+    def arr(t):
+        return t.float().cpu().numpy()  # bf16/fp16 -> fp32 is exact
+
+    out = sparse_attention_reference(arr(q), arr(k), arr(v), idx.cpu().numpy(), scale=scale)
+    return torch.from_numpy(out).double()
+
+
+@pytest.mark.parametrize("case", VFK_CASES, ids=[c[0] for c in VFK_CASES])
+def test_sparse_attention_values_from_keys_matches_reference(cuda_kernels, case):
+    _, B, S, T, H, Hkv, Dk, Dv, K, dt = case
+    dtype = DTYPES[dt]
+    gen = _gen(zlib.crc32(case[0].encode()))
+    q = _randn((B, S, H, Dk), dtype, gen)
+    k = _randn((B, T, Hkv, Dk), dtype, gen)
+    idx = _indices(B, S, T, K, gen)
+    scale = Dk ** -0.5
+    empty_v = k[:, :0, :, :Dv]  # the contract's form: a view of k with no rows
+    got = cuda_kernels.sparse_attention(q, k, empty_v, idx, scale=scale)
+    torch.cuda.synchronize()
+    assert got.shape == (B, S, H, Dv) and got.dtype == dtype
+    want = _ops_reference_attention(q, k, empty_v, idx, scale=scale)
+    tol = ATTN_TOL[dtype]
+    err = (got.double().cpu() - want).abs().max().item()
+    bound = tol * max(want.abs().max().item(), 1e-3)
+    assert math.isfinite(err) and err <= bound, f"max abs error {err:.3e} > {bound:.3e} ({dt})"
+    explicit = cuda_kernels.sparse_attention(q, k, k[..., :Dv].contiguous(), idx, scale=scale)
+    assert torch.equal(got, explicit), "values from keys differ from the same channels passed as v"
+    by_dim = cuda_kernels.sparse_attention(q, k, None, idx, scale=scale, v_head_dim=Dv)
+    assert torch.equal(got, by_dim)
+    detached = torch.empty((B, 0, Hkv, Dv), dtype=dtype, device="cuda")  # an empty v not viewing k
+    assert torch.equal(got, cuda_kernels.sparse_attention(q, k, detached, idx, scale=scale))
+
+
+def test_sparse_attention_values_from_keys_rows_without_valid_index_are_zero(cuda_kernels):
+    B, S, T, H, Hkv, Dk, Dv, K = 1, 3, 50, 64, 1, 576, 512, 64
+    gen = _gen(4)
+    q = _randn((B, S, H, Dk), torch.bfloat16, gen)
+    k = _randn((B, T, Hkv, Dk), torch.bfloat16, gen)
+    idx = torch.full((B, S, K), -1, dtype=torch.int32)
+    idx[0, 1, :10] = torch.arange(10, dtype=torch.int32)
+    idx[0, 2, :] = T + 1  # all out of range
+    got = cuda_kernels.sparse_attention(q, k, k[:, :0, :, :Dv], idx.cuda(), scale=Dk ** -0.5).cpu()
+    assert bool((got[0, 0] == 0).all()) and bool((got[0, 2] == 0).all())
+    assert bool(got[0, 1].abs().sum() > 0)
+
+
+def test_sparse_attention_values_from_keys_refuses_bad_forms(cuda_kernels):
+    q = torch.zeros((1, 2, 16, 64), dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros((1, 40, 1, 64), dtype=torch.bfloat16, device="cuda")
+    idx = torch.zeros((1, 2, 8), dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="Dv <= Dk"):
+        cuda_kernels.sparse_attention(q, k, torch.zeros((1, 0, 1, 128), dtype=torch.bfloat16, device="cuda"), idx,
+                                      scale=1.0)
+    with pytest.raises(ValueError, match="T or 0 rows"):
+        cuda_kernels.sparse_attention(q, k, torch.zeros((1, 7, 1, 32), dtype=torch.bfloat16, device="cuda"), idx,
+                                      scale=1.0)
+    # T = 0: nothing to read in either form, every row is 0.
+    out = cuda_kernels.sparse_attention(q, k[:, :0], torch.zeros((1, 0, 1, 128), dtype=torch.bfloat16, device="cuda"),
+                                        idx, scale=1.0)
+    assert out.shape == (1, 2, 16, 128) and bool((out == 0).all())
+
+
 def test_sparse_attention_uses_tensor_cores_for_mqa_bf16(cuda_kernels):
     major = torch.cuda.get_device_capability()[0]
     expect = "tensor-core" if major >= 8 else "generic"

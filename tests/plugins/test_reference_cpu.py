@@ -73,6 +73,25 @@ def test_float64_references_agree_with_the_package_ops():
                                dsa_sparse_attention(qa, ka, va, idx, scale=0.2), atol=1e-5, rtol=1e-5)
 
 
+def test_values_from_keys_reference_agrees_with_the_package_ops():
+    """An empty v [B,0,Hkv,Dv] takes the values from the first Dv key channels in all three references
+    (the kernels' float64 one, dsa_export.ops.reference and the torch op)."""
+    from dsa_export.ops import dsa_sparse_attention
+    from dsa_export.ops.reference import sparse_attention_reference
+
+    gen = torch.Generator().manual_seed(8)
+    B, S, T, H, Hkv, Dk, Dv, K = 2, 3, 30, 8, 2, 24, 16, 12
+    q, k = torch.randn(B, S, H, Dk, generator=gen), torch.randn(B, T, Hkv, Dk, generator=gen)
+    idx = torch.randint(-1, T + 2, (B, S, K), generator=gen, dtype=torch.int32)
+    empty = k[:, :0, :, :Dv]
+    mine = ref.sparse_attention(q, k, empty, idx, scale=0.3)
+    assert mine.shape == (B, S, H, Dv)
+    torch.testing.assert_close(mine, ref.sparse_attention(q, k, k[..., :Dv], idx, scale=0.3), atol=0, rtol=0)
+    theirs = sparse_attention_reference(q.numpy(), k.numpy(), empty.numpy(), idx.numpy(), scale=0.3)
+    torch.testing.assert_close(mine.float(), torch.from_numpy(theirs), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(dsa_sparse_attention(q, k, empty, idx, scale=0.3), mine.float(), atol=1e-5, rtol=1e-5)
+
+
 def _moe_inputs(gen, N, K, E, H, I):
     x = torch.randn(N, H, generator=gen)
     ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
