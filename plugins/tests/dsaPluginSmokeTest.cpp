@@ -39,10 +39,12 @@ public:
         if (severity <= Severity::kERROR)
         {
             ++errors;
+            lastError = msg;
         }
         std::printf("  [log %d] %s\n", static_cast<int>(severity), msg);
     }
     int errors{0};
+    std::string lastError;
 };
 
 class Finder : public ILoggerFinder
@@ -308,6 +310,87 @@ int main(int argc, char** argv)
                 makeDesc({1, 8, 2048}, DataType::kINT32), makeDesc({1, 8, 100, 512}, DataType::kHALF)};
             check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0,
                 "DSASparseAttention rejects H not a multiple of Hkv");
+            // Values from keys: v [B,0,Hkv,Dv] (DeepSeek's absorbed MLA, Dk = 576, Dv = 512).
+            std::vector<DynamicPluginTensorDesc> vfk{makeDesc({1, 8, 128, 576}, DataType::kBF16),
+                makeDesc({1, 4096, 1, 576}, DataType::kBF16), makeDesc({1, 0, 1, 512}, DataType::kBF16),
+                makeDesc({1, 8, 2048}, DataType::kINT32), makeDesc({1, 8, 128, 512}, DataType::kBF16)};
+            check(allFormats(build, vfk, 4), "DSASparseAttention accepts an empty bf16 v (values from keys)");
+            check(build->configurePlugin(vfk.data(), 4, vfk.data() + 4, 1) == 0,
+                "DSASparseAttention configurePlugin takes v [1,0,1,512] with k [1,4096,1,576]");
+            {
+                std::vector<PluginTensorDesc> rtDesc;
+                for (DynamicPluginTensorDesc const& d : vfk)
+                {
+                    rtDesc.push_back(d.desc);
+                }
+                check(rt->onShapeChange(rtDesc.data(), 4, rtDesc.data() + 4, 1) == 0,
+                    "DSASparseAttention onShapeChange takes the empty v");
+            }
+            std::vector<DynamicPluginTensorDesc> vfkDyn = vfk;
+            vfkDyn[0].desc.dims.d[1] = -1;
+            vfkDyn[1].desc.dims.d[1] = -1;
+            vfkDyn[3].desc.dims.d[1] = -1;
+            vfkDyn[4].desc.dims.d[1] = -1;
+            check(build->configurePlugin(vfkDyn.data(), 4, vfkDyn.data() + 4, 1) == 0,
+                "DSASparseAttention configurePlugin takes the empty v with dynamic S and T");
+            {
+                std::vector<FakeDimExpr> qd(4), kd(4), vd(4), id(3);
+                DimsExprs ins[4] = {makeExprs(qd), makeExprs(kd), makeExprs(vd), makeExprs(id)};
+                DimsExprs outs[1]{};
+                FakeExprBuilder exprBuilder;
+                check(build->getOutputShapes(ins, 4, nullptr, 0, outs, 1, exprBuilder) == 0 && outs[0].nbDims == 4
+                        && outs[0].d[0] == &qd[0] && outs[0].d[1] == &qd[1] && outs[0].d[2] == &qd[2]
+                        && outs[0].d[3] == &vd[3],
+                    "DSASparseAttention output shape is [B,S,H] of q and Dv of v (also of an empty v)");
+            }
+            std::vector<DynamicPluginTensorDesc> wide = vfk;
+            wide[2] = makeDesc({1, 0, 1, 640}, DataType::kBF16);
+            wide[4] = makeDesc({1, 8, 128, 640}, DataType::kBF16);
+            int errorsBefore = logger.errors;
+            check(build->configurePlugin(wide.data(), 4, wide.data() + 4, 1) != 0 && logger.errors > errorsBefore
+                    && logger.lastError.find("Dv <= Dk") != std::string::npos,
+                "DSASparseAttention rejects an empty v with Dv = 640 > Dk = 576 with a logged error");
+            std::vector<DynamicPluginTensorDesc> partial = vfk;
+            partial[2] = makeDesc({1, 100, 1, 512}, DataType::kBF16);
+            errorsBefore = logger.errors;
+            check(build->configurePlugin(partial.data(), 4, partial.data() + 4, 1) != 0 && logger.errors > errorsBefore
+                    && logger.lastError.find("0 rows") != std::string::npos,
+                "DSASparseAttention rejects v with 0 < Tv < T rows (only the function body takes it)");
+            std::vector<DynamicPluginTensorDesc> noKeys = wide;
+            noKeys[1] = makeDesc({1, 0, 1, 576}, DataType::kBF16);
+            check(build->configurePlugin(noKeys.data(), 4, noKeys.data() + 4, 1) == 0,
+                "DSASparseAttention takes T = 0 with an empty v of any Dv (nothing is read)");
+            {
+                // enqueue of the empty-v form with a null v address (TensorRT may bind an empty
+                // input to nullptr): the launcher must accept it and fail only at a later check that
+                // needs no GPU (Hkv * H over the grid limit), not at "a required pointer is null".
+                std::vector<PluginTensorDesc> big;
+                for (DynamicPluginTensorDesc const& d : vfk)
+                {
+                    big.push_back(d.desc);
+                }
+                big[0].dims.d[2] = 1024;
+                big[1].dims.d[2] = 128;
+                big[2].dims.d[2] = 128;
+                big[4].dims.d[2] = 1024;
+                alignas(16) static unsigned char fake[64];
+                void const* ins[4] = {fake, fake, nullptr, fake};
+                void* outs[1] = {fake};
+                errorsBefore = logger.errors;
+                int32_t const st = rt->enqueue(big.data(), big.data() + 4, ins, outs, nullptr, nullptr);
+                check(st != 0 && logger.errors > errorsBefore && logger.lastError.find("grid limits") != std::string::npos,
+                    "DSASparseAttention enqueue passes a null v address as values from keys (" + logger.lastError + ")");
+                big[2].dims.d[3] = 640;
+                errorsBefore = logger.errors;
+                check(rt->enqueue(big.data(), big.data() + 4, ins, outs, nullptr, nullptr) != 0
+                        && logger.lastError.find("Dv <= Dk") != std::string::npos,
+                    "DSASparseAttention enqueue refuses values from keys with Dv > Dk before any launch");
+                big[2].dims.d[1] = 7;
+                check(rt->enqueue(big.data(), big.data() + 4, ins, outs, nullptr, nullptr) != 0
+                        && logger.lastError.find("rows") != std::string::npos,
+                    "DSASparseAttention enqueue refuses v with 0 < Tv < T rows");
+            }
+
             IPluginV3* again = sa->createPlugin("sa2", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
             check(again != nullptr, "DSASparseAttention round trip through getFieldsToSerialize");
             if (again != nullptr)
