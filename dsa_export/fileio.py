@@ -63,6 +63,27 @@ def check_output_path(path: str | os.PathLike[str], option: str, *, folder: bool
     return path
 
 
+def make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns the folders created (innermost first), so a
+    failure can remove them again with :func:`remove_created`."""
+    missing = []
+    current = folder
+    while not current.exists() and current.parent != current:
+        missing.append(current)
+        current = current.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove folders :func:`make_parents` created, as long as they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def remove_stale_temporaries(final: Path) -> None:
     """Remove hidden temporaries of ``final`` left by processes that no longer run."""
     stale, _busy = interrupts.stale_siblings(final.parent, (f".{final.name}.",))
@@ -80,12 +101,14 @@ def atomic_output(path: str | os.PathLike[str], *, extra_suffixes: tuple[str, ..
     file-system failure (a full disk, a read-only folder) becomes a :class:`DSAUserError`.
     """
     final = Path(path)
+    created: list[Path] = []
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        created = make_parents(final.parent)
         remove_stale_temporaries(final)
         fd, tmp_name = tempfile.mkstemp(prefix=interrupts.tagged_name(f".{final.name}."), suffix=".tmp",
                                         dir=final.parent)
     except OSError as exc:
+        remove_created(created)
         _raise_write_error(exc, final)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -106,6 +129,7 @@ def atomic_output(path: str | os.PathLike[str], *, extra_suffixes: tuple[str, ..
             for candidate in [tmp, *companions]:
                 with contextlib.suppress(FileNotFoundError, OSError):
                     candidate.unlink()
+            remove_created(created)
             if isinstance(exc, OSError):
                 _raise_write_error(exc, final)
             raise

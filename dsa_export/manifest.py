@@ -14,8 +14,10 @@ Trust rules, shared by every reader:
   and neither ``..`` nor a symbolic link leads out of it;
 - every file is checked against its recorded size and sha256 before it is loaded
   (:func:`verify_files`, used for ``manifest.json``'s ``files`` and ``pipeline.json``'s stages
-  alike); the hash is computed once and cached in the folder by size, modification and change
-  time (:data:`VERIFY_CACHE_NAME`), so a second run costs a ``stat``; ``--no-verify`` skips it;
+  alike); the hash is computed once per file version and remembered by size, modification and
+  change time and inode (the build records its hashes in the folder, :data:`VERIFY_CACHE_NAME`;
+  readers in the user's cache, never in the folder they read), so a second run costs a ``stat``;
+  ``--no-verify`` skips it;
 - fields are checked when the file is read, so a damaged or edited manifest is refused in one
   sentence instead of failing later (:func:`read_manifest`).
 """
@@ -100,29 +102,58 @@ def _cache_key(stat: os.stat_result) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
-def _read_cache(folder: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads((folder / VERIFY_CACHE_NAME).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def remember_hashes(folder: str | os.PathLike[str], hashes: dict[str, str]) -> None:
-    """Add ``{relative: sha256}`` of files just hashed to the folder's cache (best effort: a
-    read-only folder simply keeps no cache)."""
-    folder = Path(folder)
-    cache = _read_cache(folder)
-    for relative, digest in hashes.items():
-        with contextlib.suppress(OSError):
-            cache[relative] = {"key": _cache_key(os.stat(folder / relative)), "sha256": digest}
-    tmp = folder / f"{VERIFY_CACHE_NAME}.{os.getpid()}.tmp"
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Best effort: a read-only place simply keeps no cache."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(cache, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, folder / VERIFY_CACHE_NAME)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def user_cache_file() -> Path:
+    """Where readers remember the hashes they computed: never inside the folder they read."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsa-export" / "verified.json"
+
+
+#: Entries kept in the user's cache (oldest dropped first).
+USER_CACHE_ENTRIES = 2000
+
+
+def remember_hashes(folder: str | os.PathLike[str], hashes: dict[str, str]) -> None:
+    """Record ``{relative: sha256}`` of files just written in the folder's own cache (the build does
+    this, so the first run hashes nothing)."""
+    folder = Path(folder)
+    cache = _read_json(folder / VERIFY_CACHE_NAME)
+    for relative, digest in hashes.items():
+        with contextlib.suppress(OSError):
+            cache[relative] = {"key": _cache_key(os.stat(folder / relative)), "sha256": digest}
+    _write_json(folder / VERIFY_CACHE_NAME, cache)
+
+
+def _remember_verified(paths: dict[Path, str]) -> None:
+    cache_file = user_cache_file()
+    cache = _read_json(cache_file)
+    for path, digest in paths.items():
+        with contextlib.suppress(OSError):
+            key = str(path.resolve())
+            cache.pop(key, None)
+            cache[key] = {"key": _cache_key(path.stat()), "sha256": digest}
+    while len(cache) > USER_CACHE_ENTRIES:
+        cache.pop(next(iter(cache)))
+    _write_json(cache_file, cache)
 
 
 def verify_files(folder: str | os.PathLike[str], records: dict[str, dict[str, Any]], names: Iterable[str], *,
@@ -134,13 +165,18 @@ def verify_files(folder: str | os.PathLike[str], records: dict[str, dict[str, An
     one-sentence DSAUserError naming the first file that is missing, of another size or of another
     hash. Returns the names that have no record (nothing to check them against). ``enabled=False``
     (``--no-verify``) checks nothing.
+
+    A hash is computed once per file version: the folder's own cache (written by the build) and
+    the user's cache (:func:`user_cache_file`, written by readers, which never write into the folder
+    they read) remember it by size, modification and change time and inode.
     """
     folder = Path(folder)
     if not enabled:
         return []
     unrecorded = []
-    cache = _read_cache(folder)
-    fresh: dict[str, str] = {}
+    local = _read_json(folder / VERIFY_CACHE_NAME)
+    user = None
+    fresh: dict[Path, str] = {}
     for name in dict.fromkeys(names):
         path = confined(folder, name, f"the file '{name}' named in {source}")
         record = records.get(name)
@@ -156,8 +192,11 @@ def verify_files(folder: str | os.PathLike[str], records: dict[str, dict[str, An
                 f"'{path}' is {stat.st_size} bytes but {source} records {size}: it was truncated or replaced after "
                 f"it was written; {REBUILD} (or pass --no-verify to use it anyway)."
             )
-        cached = cache.get(name)
-        if isinstance(cached, dict) and cached.get("key") == _cache_key(stat) and cached.get("sha256") == record["sha256"]:
+        key = _cache_key(stat)
+        if user is None:
+            user = _read_json(user_cache_file())
+        if any(isinstance(c, dict) and c.get("key") == key and c.get("sha256") == record["sha256"]
+               for c in (local.get(name), user.get(str(path.resolve())))):
             continue
         from dsa_export.fileio import sha256_file
 
@@ -167,9 +206,9 @@ def verify_files(folder: str | os.PathLike[str], records: dict[str, dict[str, An
                 f"'{path}' does not match the sha256 that {source} records for it: it was changed or damaged after "
                 f"it was written; {REBUILD} (or pass --no-verify to use it anyway)."
             )
-        fresh[name] = digest
+        fresh[path] = digest
     if fresh:
-        remember_hashes(folder, fresh)
+        _remember_verified(fresh)
     return unrecorded
 
 

@@ -36,7 +36,14 @@ from dsa_export.build.settings import (
     BuildSettings,
 )
 from dsa_export.errors import DSAUsageError, DSAUserError, trace_errors
-from dsa_export.fileio import atomic_output, check_output_path, file_record, sha256_file
+from dsa_export.fileio import (
+    atomic_output,
+    check_output_path,
+    file_record,
+    make_parents,
+    remove_created,
+    sha256_file,
+)
 from dsa_export.manifest import (
     CALIBRATION_CACHE_NAME,
     CALIBRATION_REPORT_NAME,
@@ -208,11 +215,67 @@ def _load_onnx(path: Path):
 # The pipeline
 
 
+def preflight(settings: BuildSettings) -> Any:
+    """Check what needs neither the environment nor any work, before probing and the first stage;
+    returns the resolved MODEL source (None for a supplied .onnx), so a bad MODEL fails here too and
+    the export stage reuses it."""
+    s = settings
+    if s.plugin_library is not None:
+        _check_library(Path(s.plugin_library))
+    if s.backend in ("tensorrt", "onnxruntime") and s.rtx_targets:
+        raise DSAUsageError(f"--rtx-target applies to TensorRT-RTX engines, not to --backend {s.backend}; drop it "
+                            "or pass --backend tensorrt-rtx.")
+    data = s.calibration_data
+    if data and data != "builtin":
+        script = data.rsplit(":", 1)[0] if ".py:" in data else data
+        if not Path(script).exists():
+            kind = "data-loader script" if script.endswith(".py") else "--calibration-data"
+            raise DSAUserError(f"{kind} '{script}' does not exist; pass a folder of .npz/.npy inputs, a "
+                               "data-loader script or 'builtin'.")
+    if s.rtx_targets:
+        import importlib.util
+
+        from dsa_export.trt.rtx import RTX_MODULE, check_targets
+
+        if importlib.util.find_spec(RTX_MODULE) is not None:
+            check_targets(s.rtx_targets)
+    source = None
+    if s.model_is_onnx:
+        from dsa_export.manifest import verify_recorded_onnx
+
+        dims = _onnx_dims(_load_onnx(Path(str(s.model))))
+        verify_recorded_onnx(Path(str(s.model)))
+    else:
+        from dsa_export.export import ExportSettings
+        from dsa_export.sources import resolve
+
+        export_settings = ExportSettings(ops="plugin")
+        # The precision's float type; without --precision fp32, unless TensorRT builds on a GPU
+        # (fp16), which only the probe knows: a checkpoint's modules are then built again.
+        dtype = EXPORT_DTYPES[s.precision or DEFAULT_PRECISION_CPU]
+        source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len,
+                         seed=export_settings.seed, dtype=dtype)
+        dims = _source_dims(source)
+    asked = set(s.ranges.dims) - set(DEFAULT_RANGE.dims)
+    unknown = sorted(asked - dims)
+    if unknown:
+        raise DSAUsageError(
+            f"--min/--opt/--max-shapes name {', '.join(unknown)}, which is not a dynamic dim of the model (its "
+            f"dims: {', '.join(sorted(dims)) or 'none'})."
+        )
+    missing = sorted(dims - set(s.ranges.dims))
+    if missing:
+        raise DSAUsageError(f"the model has the dynamic dim(s) {', '.join(missing)}, which need a shape range; give "
+                            f"one with --min-shapes/--opt-shapes/--max-shapes {missing[0]}=N.")
+    return source
+
+
 class _Pipeline:
-    def __init__(self, settings: BuildSettings, work: Path, log: Callable[[str], None]):
+    def __init__(self, settings: BuildSettings, work: Path, log: Callable[[str], None], source: Any = None):
         self.settings = settings
         self.work = work
         self.log = log
+        self.source = source
         self.stages: list[StageRecord] = []
         self.manifest: dict[str, Any] = {}
 
@@ -229,12 +292,9 @@ class _Pipeline:
         self.stages.append(record)
         self.log(f"[{index}/{len(STAGES)}] {name}: {status} in {record.seconds:.1f} s: {detail}")
 
-    def preflight(self, plan: BackendPlan, precision: str) -> Any:
-        """Check what needs no work before the first stage; returns the resolved MODEL source (None
-        for a supplied .onnx), so a bad MODEL fails here too and the export stage reuses it."""
+    def check_plan(self, plan: BackendPlan) -> None:
+        """What depends on the backends this machine builds, before the first stage."""
         s = self.settings
-        if s.plugin_library is not None:
-            _check_library(Path(s.plugin_library))
         if s.timing_cache is not None and plan.engine == "tensorrt":
             check_output_path(s.timing_cache, "--timing-cache")
         if s.rtx_targets and plan.engine != "tensorrt-rtx":
@@ -246,33 +306,6 @@ class _Pipeline:
             from dsa_export.trt.rtx import check_targets
 
             plan.rtx_targets = check_targets(plan.rtx_targets)
-        if s.calibration_data and s.calibration_data != "builtin" and not s.calibration_data.endswith(".py") \
-                and ".py:" not in s.calibration_data and not Path(s.calibration_data).exists():
-            raise DSAUserError(f"--calibration-data '{s.calibration_data}' does not exist; pass a folder of .npz/.npy "
-                               "inputs, a data-loader script or 'builtin'.")
-        source = None
-        if s.model_is_onnx:
-            dims = _onnx_dims(_load_onnx(Path(str(s.model))))
-        else:
-            from dsa_export.export import ExportSettings
-            from dsa_export.sources import resolve
-
-            export_settings = ExportSettings(ops="plugin")
-            source = resolve(s.model, batch=export_settings.batch, seq_len=export_settings.seq_len,
-                             seed=export_settings.seed, dtype=EXPORT_DTYPES[precision])
-            dims = _source_dims(source)
-        asked = set(s.ranges.dims) - set(DEFAULT_RANGE.dims)
-        unknown = sorted(asked - dims)
-        if unknown:
-            raise DSAUsageError(
-                f"--min/--opt/--max-shapes name {', '.join(unknown)}, which is not a dynamic dim of the model (its "
-                f"dims: {', '.join(sorted(dims)) or 'none'})."
-            )
-        missing = sorted(dims - set(s.ranges.dims))
-        if missing:
-            raise DSAUsageError(f"the model has the dynamic dim(s) {', '.join(missing)}, which need a shape range; give "
-                                f"one with --min-shapes/--opt-shapes/--max-shapes {missing[0]}=N.")
-        return source
 
     def run(self, probe) -> None:
         import onnx
@@ -280,7 +313,13 @@ class _Pipeline:
         s = self.settings
         plan = plan_backends(s, probe)
         precision = s.precision or default_precision(plan)
-        source = self.preflight(plan, precision)
+        self.check_plan(plan)
+        source = self.source
+        if source is not None and source.reference.kind == "hf" and EXPORT_DTYPES[precision] != \
+                EXPORT_DTYPES[s.precision or DEFAULT_PRECISION_CPU]:
+            from dsa_export.sources import resolve
+
+            source = resolve(s.model, dtype=EXPORT_DTYPES[precision])  # fp16 for a TensorRT engine
         if s.model_is_onnx:
             from dsa_export.trt.tensorrt import file_precision
 
@@ -364,7 +403,11 @@ class _Pipeline:
                 return "skipped", reason
             from dsa_export.validate import ValidationSettings, validate_onnx
 
-            report = validate_onnx(onnx_path, ValidationSettings(seq_lens=tuple(s.validation_seq_lens)), source=source)
+            # The MODEL the user named (a factory in it is theirs to run); the exported module itself
+            # may have been cast to the export's precision, and the reference runs in fp32.
+            reference = None if s.model_is_onnx or s.model is None else str(s.model)
+            report = validate_onnx(onnx_path, ValidationSettings(seq_lens=tuple(s.validation_seq_lens),
+                                                                 reference=reference))
             with atomic_output(self.work / VALIDATION_NAME) as tmp:
                 tmp.write_text(report.to_json() + "\n", encoding="utf-8")
             worst = max(report.errors, key=lambda e: e.max_abs)
@@ -695,10 +738,13 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
     start = time.perf_counter()
     output = settings.output
     _prepare_output(output, settings.force, log)
+    source = preflight(settings)
+    created: list[Path] = []
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
+        created = make_parents(output.parent)
         work = Path(tempfile.mkdtemp(prefix=interrupts.tagged_name(f".{output.name}.build-"), dir=output.parent))
     except OSError as exc:
+        remove_created(created)
         raise DSAUserError(f"Cannot create the build folder next to {output} ({exc.strerror}); choose another -o.") from exc
     with interrupts.temporary(work):
         try:
@@ -707,7 +753,7 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
 
                 log("Probing the environment ...")
                 probe = probe_environment()
-            pipeline = _Pipeline(settings, work, log)
+            pipeline = _Pipeline(settings, work, log, source)
             pipeline.run(probe)
             _apply_umask(work)
             # The hashes just recorded are the verification cache: the first run hashes nothing.
@@ -715,6 +761,7 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
             _install(work, output)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
+            remove_created(created)
             raise
     return BuildResult(output, pipeline.manifest, pipeline.stages, time.perf_counter() - start)
 

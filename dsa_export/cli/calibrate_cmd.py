@@ -69,7 +69,10 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     if data is None and from_cache is None:
         raise DSAUsageError("give calibration data with --data DIR|SCRIPT|builtin (or scales with --from-cache).")
     if cache is not None:
-        version_number(trt_version)  # refuse a bad version before any work
+        try:
+            version_number(trt_version)  # refuse a bad version before any work
+        except DSAUserError as exc:
+            raise DSAUsageError(f"--trt-version: {exc}") from exc
     settings = QuantizeSettings(
         precision=precision, method=method, data=data, samples=samples, percentile=percentile,
         exclude=tuple(exclude), quantize_indexer=quantize_indexer,

@@ -16,6 +16,7 @@ third-party output that is otherwise hidden (:mod:`dsa_export.quiet`).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -102,6 +103,21 @@ def _invoke(args: list[str]):
         return cli.invoke(ctx)
 
 
+def _exit_interrupted(standalone: bool) -> None:
+    """Exit 130 once an interrupt has unwound the command (its cleanup has run). As the console
+    script, end the process directly: CPython replaces any exit status with death by SIGINT when a
+    KeyboardInterrupt once escaped code that a library ran through PyRun_* (measured with validate),
+    whatever we pass to sys.exit."""
+    if not standalone:
+        sys.exit(interrupts.EXIT_INTERRUPTED)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing more to say
+            pass
+    os._exit(interrupts.EXIT_INTERRUPTED)
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -109,6 +125,7 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and map exceptions to exit codes: 2 usage, 1 failure, 130 interrupted, no
     traceback without --debug."""
+    standalone = argv is None  # the console script / python -m, not a caller in Python
     args, debug = _take_debug(list(sys.argv[1:] if argv is None else argv))
     quiet.set_debug(debug)
     quiet.configure()
@@ -125,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         code = interrupts.guard(lambda: _invoke((["--debug"] if debug else []) + args), on_abort=interrupted)
     except click.exceptions.Abort:
         say("Aborted.")
-        sys.exit(interrupts.EXIT_INTERRUPTED)
+        _exit_interrupted(standalone)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         interrupted()
-        sys.exit(interrupts.EXIT_INTERRUPTED)
+        _exit_interrupted(standalone)
     except Exception as exc:
         mapped = as_user_error(exc)
         if debug:

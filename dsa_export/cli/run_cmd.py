@@ -18,9 +18,14 @@ def _load_npz(path: Path) -> dict:
     from dsa_export.errors import DSAUserError
 
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise DSAUserError(f"{path} holds one array, not named arrays; save the inputs with numpy.savez.")
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DSAUserError(f"{path} is not a readable .npz file ({type(exc).__name__}); pass one written by "
+                           "numpy.savez.") from exc
+    if not hasattr(data, "files"):
+        raise DSAUserError(f"{path} holds one array, not named arrays; save the inputs with numpy.savez(name=array).")
+    try:
+        with data:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise DSAUserError(f"{path} is not a readable .npz file ({type(exc).__name__}); pass one written by "

@@ -1,0 +1,157 @@
+"""Real SIGINT and SIGTERM sent to `dsa-export` subprocesses at several moments: every command
+exits 130 within 5 s of the signal and leaves no output and no hidden temporaries, including
+inside the TensorRT-RTX engine build (native code whose callbacks used to swallow Ctrl-C). A build
+killed with SIGKILL leaves its hidden folder, and the next build removes it.
+
+Scenarios run two at a time (the machine has two cores), so the whole file takes about half a
+minute."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.build_fixtures import HAS_RTX
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT_S = 5.0
+
+
+@dataclass
+class Scenario:
+    name: str
+    args: list[str]
+    signum: int
+    after: str | None  # a line of stderr that starts the clock (None: the start of the process)
+    delay: float  # seconds after it
+    outputs: list[Path] = field(default_factory=list)  # must not exist afterwards
+    proc: subprocess.Popen | None = None
+    lines: list[str] = field(default_factory=list)
+    sent: float = 0.0
+    ended: float = 0.0
+
+
+def _run_all(scenarios: list[Scenario]) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for s in scenarios:
+        s.proc = subprocess.Popen([sys.executable, "-m", "dsa_export", *s.args], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+
+    def drive(s: Scenario) -> None:
+        assert s.proc is not None and s.proc.stderr is not None
+        ready = threading.Event()
+        if s.after is None:
+            ready.set()
+
+        def read() -> None:
+            for line in s.proc.stderr:
+                s.lines.append(line.rstrip())
+                if s.after is not None and line.startswith(s.after):
+                    ready.set()
+            ready.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert ready.wait(180), f"{s.name}: never printed {s.after!r}"
+        time.sleep(s.delay)
+        s.sent = time.monotonic()
+        s.proc.send_signal(s.signum)
+        s.proc.wait(timeout=60)
+        s.ended = time.monotonic()
+        reader.join(10)
+
+    threads = [threading.Thread(target=drive, args=(s,)) for s in scenarios]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for s in scenarios:
+        assert s.proc is not None
+        assert s.proc.returncode == 130, (s.name, s.lines[-5:])
+        assert s.ended - s.sent < LIMIT_S, (s.name, s.ended - s.sent)
+        assert [line for line in s.lines if line.strip()][-1] == "Interrupted; no partial output was kept.", \
+            (s.name, s.lines[-5:])
+        assert "Traceback" not in "\n".join(s.lines), s.name
+        for out in s.outputs:
+            assert not out.exists(), (s.name, out)
+            hidden = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+            assert hidden == [], (s.name, hidden)
+
+
+@pytest.mark.skipif(not HAS_RTX, reason="TensorRT-RTX is not installed (pip install dsa-export[rtx])")
+def test_signals_during_the_tensorrt_rtx_engine_build(exported, tmp_path):
+    model = str(exported["plugin"])
+    engine = ["build", model, "--no-validate", "--backend", "tensorrt-rtx", "-o"]
+    _run_all([
+        Scenario("SIGINT while parsing", [*engine, str(tmp_path / "a")], signal.SIGINT, "[5/5] engine ...", 0.5,
+                 [tmp_path / "a"]),
+        Scenario("SIGTERM while building", [*engine, str(tmp_path / "b")], signal.SIGTERM, "[5/5] engine ...", 2.5,
+                 [tmp_path / "b"]),
+    ])
+
+
+def test_signals_while_probing_and_validating(exported, tmp_path):
+    model = str(exported["plugin"])
+    _run_all([
+        Scenario("SIGTERM in validate", ["build", model, "--backend", "onnxruntime", "-o", str(tmp_path / "c")],
+                 signal.SIGTERM, "[2/5] validate ...", 0.5, [tmp_path / "c"]),
+        Scenario("SIGINT while probing", ["build", model, "--backend", "onnxruntime", "-o", str(tmp_path / "d")],
+                 signal.SIGINT, "Probing the environment", 0.2, [tmp_path / "d"]),
+    ])
+
+
+def test_signals_during_export_validate_calibrate_and_bench(exported, tmp_path):
+    model = str(exported["plugin"])
+    _run_all([
+        Scenario("SIGTERM in export", ["export", "-o", str(tmp_path / "e.onnx")], signal.SIGTERM, None, 5.0,
+                 [tmp_path / "e.onnx"]),
+        Scenario("SIGINT in validate", ["validate", model, "--seq-lens", "1024,1024,1024,1024,1024,1024"],
+                 signal.SIGINT, None, 4.0),
+    ])
+    # Enough calibration data that the run lasts well past the signal (the built-in set takes ~1 s).
+    data = tmp_path / "calibration"
+    data.mkdir()
+    for i in range(64):
+        np.savez(data / f"s{i}.npz", input_ids=np.random.default_rng(i).integers(0, 256, (2, 512)).astype(np.int64))
+    _run_all([
+        Scenario("SIGINT in calibrate", ["calibrate", model, "-o", str(tmp_path / "q.onnx"), "--data", str(data),
+                                         "--no-progress"], signal.SIGINT, None, 3.0, [tmp_path / "q.onnx"]),
+        Scenario("SIGTERM in bench", ["bench", "--seq", "4096", "--backends", "torch", "--no-memory",
+                                      "--json-out", str(tmp_path / "bench.json")], signal.SIGTERM, None, 4.0,
+                 [tmp_path / "bench.json"]),
+    ])
+
+
+def test_a_killed_build_leaves_a_folder_the_next_build_removes(exported, tmp_path):
+    from dsa_export.build.pipeline import _prepare_output
+
+    out = tmp_path / "k"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "dsa_export", "build", str(exported["plugin"]), "--no-validate",
+                             "--backend", "onnxruntime", "-o", str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("[1/5] export"):
+            break
+    proc.send_signal(signal.SIGKILL)  # cannot be caught: the hidden build folder stays
+    proc.wait(timeout=30)
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".k.build-")]
+    assert len(left) == 1 and f"-{proc.pid}-" in left[0].name
+    # A live build's folder is refused, a dead one's removed.
+    alive = tmp_path / f".k.build-{os.getpid()}-live"
+    alive.mkdir()
+    with pytest.raises(Exception, match=f"another build \\(process {os.getpid()}\\)"):
+        _prepare_output(out, False, lambda line: None)
+    alive.rmdir()
+    lines: list[str] = []
+    _prepare_output(out, False, lines.append)
+    assert not left[0].exists() and any("killed" in line for line in lines)
