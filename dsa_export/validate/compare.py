@@ -6,8 +6,10 @@ inputs (one batch per sequence length) and judges each output with ``SimpleCompa
 absolute and max relative error for the report.
 
 For Hugging Face checkpoints the reference is transformers running the graph's layers (loaded
-streamed, :mod:`dsa_export.hf.reference`), and every indexer's selection is compared too
-(:mod:`dsa_export.validate.selections`): a query whose keys differ from transformers' only by
+streamed, :mod:`dsa_export.hf.reference`); for built-in models and factories it is the torch
+module, whose ``dsa.indexer_topk`` calls are recorded (:class:`TorchOpSelections`). Either way
+every indexer's selection is compared too
+(:mod:`dsa_export.validate.selections`): a query whose keys differ from the reference's only by
 near-ties at the k-th place is a near-tie flip, counted and shown, and its positions are left out
 of the strict elementwise comparison; any other difference fails. The ONNX Runtime side exposes
 the DSAIndexerTopK outputs through a modified copy of the graph held in memory, which reads the
@@ -136,7 +138,7 @@ class ValidationReport:
         for seq_len, layers in self.selections.items():
             for layer in layers:
                 rows.append(
-                    f"{seq_len:>7}  L{layer.layer} top-k vs transformers: overlap {layer.overlap:.4f}, "
+                    f"{seq_len:>7}  L{layer.layer} top-k vs {self.runners[0]}: overlap {layer.overlap:.4f}, "
                     f"{layer.near_tie_rows} near-tie flip(s) (max gap {layer.max_near_tie_gap:.1e} of the row's "
                     f"largest score), {layer.propagated_rows} propagated, {layer.unexplained_rows} unexplained"
                     + "".join(f"; e.g. batch {b} query {q}: ours {o} vs theirs {t}" for b, q, o, t in layer.examples[:1]))
@@ -173,8 +175,69 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
     return source
 
 
+class TorchOpSelections:
+    """A torch reference whose ``dsa.indexer_topk`` calls are recorded: per call the selection and
+    the scores it was taken from, recomputed in float64 from the op's own inputs (``relu(scale *
+    q.k)`` weighted by ``w`` and summed over heads, keys a query may not see at ``-inf``), keyed by
+    call order, which is the order of the exported DSAIndexerTopK nodes. Gives built-in models and
+    factories the near-tie verdict that transformers references get."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def eval(self):
+        self.module.eval()
+        return self
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def run_with_selections(self, *args, **kwargs):
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        calls: list[tuple] = []
+
+        class Capture(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if getattr(func, "_qualified_op_name", None) == "dsa::indexer_topk" or str(func).startswith(
+                        "dsa.indexer_topk"):
+                    calls.append((args, kwargs or {}, out))
+                return out
+
+        with Capture():
+            outputs = self.module(*args, **kwargs)
+        captured = {i: (out.detach().clone(), _index_scores(*call_args, **call_kwargs))
+                    for i, (call_args, call_kwargs, out) in enumerate(calls)}
+        return (outputs if isinstance(outputs, tuple) else (outputs,)), captured
+
+
+def _index_scores(q, k, w, lengths=None, topk=None, scale=1.0, causal=True):
+    """float64 ``[B,S,T]`` index scores of one DSAIndexerTopK call (the op contract's), masked."""
+    import torch
+
+    q64, k64, w64 = (x.detach().to(torch.float64) for x in (q, k, w))
+    b, s, t = q64.shape[0], q64.shape[1], k64.shape[1]
+    scores = torch.empty(b, s, t, dtype=torch.float64)
+    for bi in range(b):  # one batch row at a time: [S,H,T] float64 at most
+        logits = torch.einsum("shd,td->sht", q64[bi], k64[bi]) * float(scale)
+        scores[bi] = (logits.clamp_min(0) * w64[bi][..., None]).sum(1)
+    limit = torch.full((b, 1, 1), t, dtype=torch.int64)
+    if lengths is not None:
+        limit = lengths.detach().to(torch.int64).clamp(0, t).reshape(b, 1, 1)
+    keys = torch.arange(t).reshape(1, 1, t)
+    hidden = keys >= limit
+    if causal:
+        hidden = hidden | (keys > (t - s + torch.arange(s)).reshape(1, s, 1))
+    return scores.masked_fill(hidden, float("-inf"))
+
+
 class _RecordingReference:
-    """A transformers reference whose indexer selections are kept per call (for the comparison)."""
+    """A reference whose indexer selections are kept per call (for the comparison)."""
 
     def __init__(self, layers):
         import torch
@@ -192,8 +255,8 @@ class _RecordingReference:
     def release(self) -> None:
         self.layers = None
 
-    def __call__(self, *args):
-        outputs, captured = self.layers.run_with_selections(*args)
+    def __call__(self, *args, **kwargs):
+        outputs, captured = self.layers.run_with_selections(*args, **kwargs)
         self.records.append({i: (idx.numpy(), sc.numpy()) for i, (idx, sc) in captured.items()})
         return outputs
 
@@ -213,13 +276,8 @@ def with_indexer_outputs(model) -> tuple[bytes, list[str]]:
     return model.SerializeToString(), names
 
 
-def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings(),
-                  source=None) -> ValidationReport:
-    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output.
-
-    ``source``: the :class:`~dsa_export.sources.ModelSource` the file was just exported from (the
-    build pipeline passes it), used as the reference instead of resolving one again.
-    """
+def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
+    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output."""
     import torch
     from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
@@ -250,8 +308,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     from dsa_export.runtime.memory import dims_of, estimate, require_fits
 
     verify_recorded_onnx(path, enabled=settings.verify)
-    if source is None:
-        source = _reference_source(meta, settings, path, dtype)
+    source = _reference_source(meta, settings, path, dtype)
     output_names = [o.name for o in model.graph.output]
     onnx_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     specs, _ = io_specs(model)
@@ -282,6 +339,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     else:
         reference, reference_name = source.runnable_module, "torch"
         reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
+        if any(n.op_type == "DSAIndexerTopK" for n in model.graph.node) and not _has_cache_inputs(model):
+            reference, select = TorchOpSelections(reference), True
     del transformers_reference
     recorder = _RecordingReference(reference) if select else None
     torch_runner = TorchRunner(recorder or reference, metadata_from_onnx(model), output_names, name=reference_name,
@@ -322,7 +381,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 layers = sorted(theirs)
                 if len(layers) != len(ours):
                     raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
-                lengths = feed["attention_mask"].sum(-1)
+                lengths = (feed["attention_mask"].sum(-1) if "attention_mask" in feed
+                           else np.full(ours[0].shape[0] if ours else 0, ours[0].shape[1] if ours else 0))
                 classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol)
                 report.selections[seq_len] = classified
                 report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
@@ -368,6 +428,12 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     report.min_topk_overlap = report.min_topk_overlap if report.topk_overlap else None
     report.passed = report.passed and all(e.passed for e in report.errors)
     return report
+
+
+def _has_cache_inputs(model: onnx.ModelProto) -> bool:
+    """Whether the graph takes past keys (a decode step): its queries do not start at key 0, which
+    the selection comparison assumes."""
+    return any("past" in i.name or "cache" in i.name for i in model.graph.input)
 
 
 def _exclude_positions(expected, actual, name: str, mask: np.ndarray) -> None:
