@@ -57,6 +57,14 @@ class Backend:
         """The indices of the last DSA call (for the measured sparsity), on the CPU."""
         return None if self.last_indices is None else self.last_indices.cpu()
 
+    def gemm_gflops(self) -> float | None:
+        """GFLOP/s of a plain float32 matmul of the layer's projection shape on this runtime."""
+        return None
+
+    def agreement(self, variant: str, seq_len: int) -> dict | None:
+        """How the last call's output compares with our torch layer's (None: not compared)."""
+        return None
+
     def environment(self) -> dict:
         return {}
 
@@ -98,6 +106,8 @@ class TorchBackend(Backend):
         dsa = self.blocks["dsa"]
         dsa.indexer_fn = _timed_part(self, "indexer", _recording_indexer(self, dsa.indexer_fn))
         dsa.attention_fn = _timed_part(self, "sparse_attention", dsa.attention_fn)
+        dense = self.blocks["dense"]
+        dense.dense_attention_fn = _timed_part(self, "dense_attention", dense.dense_attention_fn)
         self._inputs: dict[int, torch.Tensor] = {}
 
     def _input(self, seq_len: int) -> torch.Tensor:
@@ -114,12 +124,22 @@ class TorchBackend(Backend):
 
         return run
 
+    def gemm_gflops(self) -> float | None:
+        from dsa_export.bench.gemm import torch_gemm_gflops
+
+        return torch_gemm_gflops(self.settings.block.hidden)
+
     def environment(self) -> dict:
         return {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
 class OnnxRuntimeBackend(Backend):
-    """Both variants exported with the project's exporter (``dsa`` nodes run as function bodies)."""
+    """Both variants exported with the project's exporter (``dsa`` nodes run as function bodies).
+
+    The DSA file also returns its indexer's selection, so every DSA call is checked against our
+    torch layer (same weights, same input): selections compared as sets per query, outputs by
+    their largest difference.
+    """
 
     name = "onnxruntime"
     memory_method = (
@@ -129,8 +149,8 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, settings: BenchSettings):
         super().__init__(settings)
         from dsa_export.export import ExportSettings, export_model, save_model
-        from dsa_export.runtime.onnxrt import session
         from dsa_export.model_ref import ModelReference
+        from dsa_export.runtime.onnxrt import session
         from dsa_export.sources import ModelSource
 
         cfg = settings.block
@@ -139,7 +159,8 @@ class OnnxRuntimeBackend(Backend):
         self.export_s: dict[str, float] = {}
         threads = settings.threads or torch.get_num_threads()
         export_settings = ExportSettings(ops="plugin", batch=2, seq_len=64)
-        for variant, block in make_blocks(cfg).items():
+        self.blocks = make_blocks(cfg)
+        for variant, block in self.blocks.items():
             start = time.perf_counter()
             example = make_input(cfg, export_settings.seq_len).expand(export_settings.batch, -1, -1).contiguous()
             source = ModelSource(
@@ -147,24 +168,81 @@ class OnnxRuntimeBackend(Backend):
                 example_inputs={"x": example}, output_names=["out"],
                 config={"bench_block": {**cfg.__dict__, "variant": variant}},
             )
-            path = save_model(export_model(source, export_settings), Path(self._tmp.name) / f"{variant}.onnx")
+            model = export_model(source, export_settings)
+            if variant == "dsa":
+                _output_selection(model)
+            path = save_model(model, Path(self._tmp.name) / f"{variant}.onnx")
             self.export_s[variant] = time.perf_counter() - start
             self.sessions[variant] = session(path, threads=threads, memory_arena=False)
         self._threads = threads
+        self._last: dict[str, list] = {}
 
     def skip_reason(self, variant: str, seq_len: int) -> str | None:
         limit = self.settings.max_onnxruntime_seq
         if seq_len > limit:
-            return (
-                f"skipped above --max-onnxruntime-seq {limit}: the function bodies hold [B,H,L,L] scores "
-                f"({_gib(4 * self.settings.block.batch * self.settings.block.heads * seq_len**2)} GiB at L={seq_len})"
-            )
+            return f"skipped above --max-onnxruntime-seq {limit}"
+        if variant == "dense":
+            # The dense export's SDPA becomes [B,H,L,L] scores (measured peak: about 2.2 of those
+            # tensors at L = 4096); the DSA bodies hold one chunk.
+            need = 2.5 * 4 * self.settings.block.batch * self.settings.block.heads * seq_len**2
+            available = memory.available_bytes()
+            if available is not None and need > available:
+                return (f"skipped: the dense export's [B,H,L,L] scores need about {_gib(need)} GiB at L={seq_len}, "
+                        f"more than the {_gib(available)} GiB available")
         return None
 
     def call(self, variant: str, seq_len: int) -> Callable[[], object]:
         sess = self.sessions[variant]
         feed = {"x": make_input(self.settings.block, seq_len).numpy()}
-        return lambda: sess.run(None, feed)
+
+        def run():
+            self._last[variant] = sess.run(None, feed)
+
+        return run
+
+    def selected_indices(self) -> torch.Tensor | None:
+        last = self._last.get("dsa")
+        return None if last is None else torch.from_numpy(last[1])
+
+    def agreement(self, variant: str, seq_len: int) -> dict | None:
+        """Our torch layer on the same input, against the last ONNX Runtime call."""
+        import numpy as np
+
+        last = self._last.pop(variant, None)
+        if last is None:
+            return None
+        block, recorded = self.blocks[variant], {}
+        if variant == "dsa":
+            indexer = block.indexer_fn
+
+            def record(*args, **kwargs):
+                recorded["indices"] = indexer(*args, **kwargs)
+                return recorded["indices"]
+
+            block.indexer_fn = record
+        try:
+            with torch.inference_mode():
+                reference = block(make_input(self.settings.block, seq_len)).numpy().astype(np.float64)
+        finally:
+            if variant == "dsa":
+                block.indexer_fn = indexer
+        out = last[0].astype(np.float64)
+        diff = np.abs(out - reference)
+        result = {"reference": "torch", "max_abs_diff": float(diff.max()),
+                  "max_abs_reference": float(np.abs(reference).max()),
+                  "cosine": float((out * reference).sum() / (np.linalg.norm(out) * np.linalg.norm(reference)))}
+        if variant == "dsa":
+            ours, theirs = np.sort(last[1], axis=-1), np.sort(recorded["indices"].numpy(), axis=-1)
+            same = (ours == theirs).all(-1)  # [B,L]: the same set of keys selected
+            result["queries"] = int(same.size)
+            result["selection_differs"] = int((~same).sum())
+            result["max_abs_diff_same_selection"] = float(diff[same].max()) if same.any() else None
+        return result
+
+    def gemm_gflops(self) -> float | None:
+        from dsa_export.bench.gemm import onnxruntime_gemm_gflops
+
+        return onnxruntime_gemm_gflops(self.settings.block.hidden, self._threads)
 
     def environment(self) -> dict:
         import onnxruntime as ort
@@ -178,6 +256,13 @@ class OnnxRuntimeBackend(Backend):
     def close(self) -> None:
         self.sessions.clear()
         self._tmp.cleanup()
+
+
+def _output_selection(model) -> None:
+    """Make the DSA layer's DSAIndexerTopK output a graph output too (the selection to compare)."""
+    node = next(n for n in model.graph.node if n.op_type == "DSAIndexerTopK")
+    info = next(v for v in model.graph.value_info if v.name == node.output[0])
+    model.graph.output.append(info)
 
 
 def _gib(n_bytes: int) -> str:

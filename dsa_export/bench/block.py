@@ -16,12 +16,20 @@ IndexerFn = Callable[..., torch.Tensor]
 AttentionFn = Callable[..., torch.Tensor]
 
 
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """Dense causal attention of ``[B,S,H,D]`` tensors (k/v already repeated to every query head)."""
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale
+    ).transpose(1, 2)
+
+
 class AttentionBlock(nn.Module):
     """``x [B,L,hidden] -> [B,L,hidden]``; ``variant`` is ``dsa`` or ``dense``.
 
     The DSA variant calls :func:`dsa_export.ops.dsa_indexer_topk` and
     :func:`dsa_export.ops.dsa_sparse_attention` (so it exports to ``dsa`` nodes); another backend
-    may swap those two functions for its own kernels with the same contract.
+    may swap those two functions for its own kernels with the same contract. The dense variant's
+    attention is ``dense_attention_fn`` (SDPA), swappable the same way (the torch backend times it).
     """
 
     def __init__(self, cfg: BlockConfig, variant: str):
@@ -48,6 +56,7 @@ class AttentionBlock(nn.Module):
             self.index_w = linear(cfg.hidden, cfg.index_heads)
         self.indexer_fn: IndexerFn = dsa_indexer_topk
         self.attention_fn: AttentionFn = dsa_sparse_attention
+        self.dense_attention_fn: AttentionFn = causal_sdpa
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """int32 ``[B,L,topk]``: the keys each query attends to (-1 padded)."""
@@ -73,9 +82,7 @@ class AttentionBlock(nn.Module):
             group = cfg.heads // cfg.kv_heads
             k = k.repeat_interleave(group, dim=2) if group > 1 else k
             v = v.repeat_interleave(group, dim=2) if group > 1 else v
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale
-            ).transpose(1, 2)
+            out = self.dense_attention_fn(q, k, v, scale=scale)
         return self.o_proj(out.reshape(b, s, cfg.heads * cfg.head_dim))
 
 

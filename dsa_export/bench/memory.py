@@ -73,3 +73,15 @@ def measure_peak_rss(fn: Callable[[], T]) -> tuple[T, int]:
     result = fn()
     peak = _status_kib("VmHWM")
     return result, max(0, peak - before) * 1024
+
+
+def available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (what can be allocated without swapping), or None."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -88,6 +88,23 @@ def render(report: dict, markdown: bool = False) -> str:
     if split_rows:
         out += [format_table(["backend", "L", "indexer+top-k ms", "sparse attn ms", "rest ms",
                               "indexer share of time", "indexer share of FLOPs"], split_rows, markdown), ""]
+    out += _gflops_section(report, markdown)
+    agreement_rows = []
+    for case in report["cases"]:
+        a = case.get("agreement")
+        if not a:
+            continue
+        same = a.get("max_abs_diff_same_selection")
+        agreement_rows.append([
+            case["backend"], case["variant"], str(case["seq_len"]), f"{a['max_abs_diff']:.1e}",
+            f"{a['max_abs_reference']:.2f}",
+            f"{a['selection_differs']} of {a['queries']}" if "queries" in a else "-",
+            f"{same:.1e}" if same is not None else "-", f"{a['cosine']:.9f}",
+        ])
+    if agreement_rows:
+        out += [format_table(["backend", "variant", "L", "max abs diff vs torch", "max abs torch",
+                              "queries selecting other keys", "max abs diff (same keys)", "cosine"],
+                             agreement_rows, markdown), ""]
     sparsity = {s["seq_len"]: s for s in report["sparsity"]}
     flop_rows = []
     for f in report["flops"]:
@@ -120,6 +137,39 @@ def render(report: dict, markdown: bool = False) -> str:
     for note in dict.fromkeys(report["notes"]):
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+_PARTS = (("layer", "layer"), ("indexer", "indexer+top-k"), ("sparse_attention", "sparse attn"),
+          ("dense_attention", "dense attn"))
+
+
+def _gflops_section(report: dict, markdown: bool) -> list[str]:
+    """Achieved GFLOP/s of each layer and timed part, next to the run's measured GEMM rate."""
+    gemm = report["environment"].get("gemm_gflops", {})
+    rows = []
+    for case in report["cases"]:
+        rates = case.get("gflops")
+        if not rates:
+            continue
+        limit = gemm.get(case["backend"], {})
+        reference = max(limit.values()) if limit else None
+        cells = [case["backend"], case["variant"], str(case["seq_len"])]
+        for key, _ in _PARTS:
+            value = rates.get(key)
+            cells.append("-" if value is None else f"{value:.1f}" + (f" ({100 * value / reference:.0f}%)"
+                                                                      if reference else ""))
+        rows.append(cells)
+    if not rows:
+        return []
+    lines = [format_table(["backend", "variant", "L", *(f"{label} GFLOP/s" for _, label in _PARTS)], rows,
+                          markdown)]
+    if gemm:
+        lines.append("GEMM rate of this run (float32 2048 x hidden x hidden, best of 5, at the start and end): "
+                     + "; ".join(f"{backend} " + ", ".join(f"{value:.1f}" for value in rate.values() if value is not None)
+                                 + " GFLOP/s" for backend, rate in gemm.items())
+                     + ". Percentages are of the higher one of each backend; FLOPs as counted below (indexer+top-k: "
+                       "the causal index scores only).")
+    return [*lines, ""]
 
 
 def environment_lines(report: dict) -> list[str]:

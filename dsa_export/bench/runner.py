@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import statistics
 from dataclasses import asdict
 from typing import Callable
@@ -11,6 +12,7 @@ from typing import Callable
 from dsa_export import __version__
 from dsa_export.bench import flops as _flops
 from dsa_export.bench.backends import BACKEND_TYPES, Backend, host_environment
+from dsa_export.bench.gemm import GEMM_ROWS
 from dsa_export.bench.harness import fit_power_law, time_calls
 from dsa_export.bench.settings import VARIANTS, BenchSettings
 
@@ -33,20 +35,26 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
         for name in settings.backends:
             say(f"preparing {name}")
             backends.append(BACKEND_TYPES[name](settings))
+        gemm: dict[str, dict[str, float]] = {}
+        for backend in backends:
+            rate = backend.gemm_gflops()
+            if rate is not None:
+                gemm[backend.name] = {"start": rate}
+                say(f"{backend.name:<11} GEMM {rate:.1f} GFLOP/s (float32 {GEMM_ROWS}x{settings.block.hidden}"
+                    f"x{settings.block.hidden})")
         cases: list[dict] = []
         sparsity_measured: dict[int, float] = {}
         memory_methods = {}
         for backend in backends:
             memory_methods[backend.name] = backend.memory_method
             for variant in VARIANTS:
-                too_slow_at: int | None = None
+                measured: list[tuple[int, float]] = []
                 warmup = settings.warmup
                 for seq_len in settings.seq_lens:
                     case = {"backend": backend.name, "variant": variant, "seq_len": seq_len}
                     reason = backend.skip_reason(variant, seq_len)
-                    if reason is None and too_slow_at is not None:
-                        reason = (f"skipped: one call at L={too_slow_at} took longer than the "
-                                  f"{settings.time_budget_s:g} s time budget")
+                    if reason is None:
+                        reason = over_budget(measured, seq_len, settings.time_budget_s)
                     if reason is not None:
                         case["skipped"] = reason
                         cases.append(case)
@@ -55,19 +63,26 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
                     case.update(_run_case(backend, variant, seq_len, settings, warmup))
                     if case["min_s"] > settings.warmup_below_s:
                         warmup = 0
-                    cases.append(case)
                     if variant == "dsa" and seq_len not in sparsity_measured:
-                        measured = _measured_sparsity(backend, seq_len)
-                        if measured is not None:
-                            sparsity_measured[seq_len] = measured
-                    if case["min_s"] > settings.time_budget_s:
-                        too_slow_at = seq_len
+                        sparsity = _measured_sparsity(backend, seq_len)
+                        if sparsity is not None:
+                            sparsity_measured[seq_len] = sparsity
+                    agreement = backend.agreement(variant, seq_len)
+                    if agreement is not None:
+                        case["agreement"] = agreement
+                    case["gflops"] = achieved_gflops(settings.block, case)
+                    cases.append(case)
+                    measured.append((seq_len, case["min_s"]))
                     peak = case.get("peak_bytes")
                     say(f"{backend.name:<11} {variant:<5} L={seq_len:<6} {case['median_s'] * 1e3:10.1f} ms"
                         + (f"  {peak / 2**20:8.1f} MiB" if peak is not None else "")
-                        + f"  ({case['repeats']} timed, {case['warmup']} warm-up)")
+                        + f"  ({case['repeats']} timed, {case['warmup']} warm-up)"
+                        + (f"  max |diff| vs torch {agreement['max_abs_diff']:.1e}" if agreement else ""))
         for backend in backends:
+            if backend.name in gemm:
+                gemm[backend.name]["end"] = backend.gemm_gflops()
             environment.update(backend.environment())
+        environment["gemm_gflops"] = gemm
     finally:
         for backend in backends:
             backend.close()
@@ -102,6 +117,48 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
     report["claims"] = claims(report, settings)
     report["notes"] = [case["skipped"] for case in cases if "skipped" in case]
     return report
+
+
+#: Growth exponent assumed for a curve's next call when only one of its lengths has run (the
+#: dense layer's attention is quadratic; the others grow slower, so this errs on the long side).
+ASSUMED_EXPONENT = 2.0
+
+
+def over_budget(measured: list[tuple[int, float]], seq_len: int, budget_s: float) -> str | None:
+    """Why a curve's call at ``seq_len`` is skipped: its predicted time exceeds the budget.
+
+    The prediction extends the curve's last measured call with the growth of its last two points
+    (clamped to L^1..L^2.5; :data:`ASSUMED_EXPONENT` with one point). A call that already took
+    longer than the budget stops the curve as well.
+    """
+    if not measured:
+        return None
+    last_len, last_s = measured[-1]
+    if last_s > budget_s:
+        return f"skipped: one call at L={last_len} took {last_s:.0f} s, longer than the {budget_s:g} s time budget"
+    exponent = ASSUMED_EXPONENT
+    if len(measured) >= 2:
+        (l0, t0), (l1, t1) = measured[-2], measured[-1]
+        if t0 > 0 and t1 > 0 and l1 > l0:
+            exponent = min(2.5, max(1.0, math.log(t1 / t0) / math.log(l1 / l0)))
+    predicted = last_s * (seq_len / last_len) ** exponent
+    if predicted > budget_s:
+        return (f"skipped: one call predicted at {predicted:.0f} s ({last_s:.1f} s at L={last_len}, growing as "
+                f"L^{exponent:.2f}), over the {budget_s:g} s time budget (--time-budget)")
+    return None
+
+
+def achieved_gflops(cfg, case: dict) -> dict[str, float]:
+    """GFLOP/s of the layer and of its timed parts, from the counted FLOPs and median times."""
+    counts = _flops.layer_flops(cfg, case["seq_len"])
+    total = counts.dsa_total if case["variant"] == "dsa" else counts.dense_total
+    result = {"layer": total / case["median_s"] / 1e9}
+    part_flops = {"indexer": counts.indexer_scores, "sparse_attention": counts.sparse_attention,
+                  "dense_attention": counts.dense_attention}
+    for part, seconds in case.get("parts_median_s", {}).items():
+        if part in part_flops and seconds > 0:
+            result[part] = part_flops[part] / seconds / 1e9
+    return result
 
 
 def _run_case(backend: Backend, variant: str, seq_len: int, settings: BenchSettings, warmup: int) -> dict:

@@ -74,7 +74,11 @@ _CASE_OPTIONS = {
 @click.option("--case-budget", "case_budget_s", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds of timed calls per case after which repeats stop.")
 @click.option("--max-onnxruntime-seq", type=click.IntRange(min=2), default=4096, show_default=True,
-              help="Longest L run through ONNX Runtime, whose function bodies hold [B,H,L,L] scores.")
+              help="Longest L run through ONNX Runtime (the dense export holds [B,H,L,L] scores and is also "
+                   "skipped where those do not fit in memory; the DSA bodies run in bounded memory).")
+@click.option("--time-budget", "time_budget_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds one call may take, measured or predicted from the curve so far (attention: 600 by "
+                   "default; moe: 60); longer cases are skipped and say so.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="CPU threads for torch and ONNX Runtime (0: torch's default).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
@@ -91,8 +95,8 @@ _CASE_OPTIONS = {
                    "(needs matplotlib).")
 @click.pass_context
 def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
-            repeats, warmup, case_budget_s, max_onnxruntime_seq, threads, no_memory, json_arg, json_out, markdown_out,
-            plot_out) -> None:
+            repeats, warmup, case_budget_s, max_onnxruntime_seq, time_budget_s, threads, no_memory, json_arg, json_out,
+            markdown_out, plot_out) -> None:
     """Time one DSA attention layer (indexer + top-k + sparse attention) against the same layer with
     dense causal attention across sequence lengths (--case attention), or one DeepSeek-V3.2-width
     MoE layer with our routed-experts op against transformers' eager and batched_mm experts and
@@ -118,10 +122,10 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
     check_outputs((json_out, "--json-out"), (markdown_out, "--markdown"), (plot_out, "--plot"))
     if case == "moe":
         settings = _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
-                                 repeats, warmup, case_budget_s, threads, no_memory)
+                                 repeats, warmup, case_budget_s, threads, no_memory, time_budget_s)
     else:
         settings = _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
-                                       max_onnxruntime_seq)
+                                       max_onnxruntime_seq, time_budget_s)
     if plot_out is not None:
         from dsa_export.bench.plot import require_matplotlib
 
@@ -166,7 +170,7 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
 
 
 def _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
-                        max_onnxruntime_seq):
+                        max_onnxruntime_seq, time_budget_s):
     from dsa_export.bench.settings import BACKENDS, DEFAULT_BACKENDS, BenchSettings, BlockConfig
 
     backends = backends or DEFAULT_BACKENDS
@@ -179,11 +183,12 @@ def _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s
     return BenchSettings(
         seq_lens=seq_lens, backends=backends, block=BlockConfig(topk=topk), warmup=warmup, repeats=repeats,
         case_budget_s=case_budget_s, memory=not no_memory, threads=threads, max_onnxruntime_seq=max_onnxruntime_seq,
+        **({} if time_budget_s is None else {"time_budget_s": time_budget_s}),
     )
 
 
 def _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit, repeats, warmup,
-                  case_budget_s, threads, no_memory):
+                  case_budget_s, threads, no_memory, time_budget_s):
     from dsa_export.bench.settings import MOE_BACKENDS, MoEBenchSettings, MoEConfig
 
     if backends is None:
@@ -196,6 +201,7 @@ def _moe_settings(backends, tokens, experts, hidden, intermediate, top_k, dtype,
         return MoEBenchSettings(
             tokens=tokens, experts=experts, backends=backends, warmup=warmup, repeats=repeats,
             case_budget_s=case_budget_s, memory=not no_memory, threads=threads, batched_mm_limit_gib=batched_mm_limit,
+            **({} if time_budget_s is None else {"time_budget_s": time_budget_s}),
             layer=MoEConfig(hidden=hidden, intermediate=intermediate, top_k=top_k, dtype=dtype),
         )
     except ValueError as exc:

@@ -136,3 +136,21 @@ def test_json_to_stdout_is_the_only_stdout():
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [c["seq_len"] for c in report["cases"]] == [64, 64] and "peak_bytes" not in report["cases"][0]
+
+
+def test_gemm_rate_gflops_and_agreement_with_torch(tiny_run):
+    out, _ = tiny_run
+    report = json.loads((out / "b.json").read_text())
+    gemm = report["environment"]["gemm_gflops"]
+    assert set(gemm) == {"torch", "onnxruntime"}
+    assert all(rate["start"] > 0 and rate["end"] > 0 for rate in gemm.values())
+    run_cases = [c for c in report["cases"] if "skipped" not in c]
+    for c in run_cases:
+        assert c["gflops"]["layer"] > 0
+    dense = next(c for c in run_cases if (c["backend"], c["variant"]) == ("torch", "dense"))
+    assert set(dense["parts_median_s"]) == {"dense_attention"} and dense["gflops"]["dense_attention"] > 0
+    ort_dsa = next(c for c in run_cases if (c["backend"], c["variant"]) == ("onnxruntime", "dsa"))
+    agreement = ort_dsa["agreement"]
+    assert agreement["reference"] == "torch" and agreement["queries"] == 128
+    assert agreement["max_abs_diff"] < 1e-4 and agreement["cosine"] > 0.999999
+    assert "GFLOP/s" in (out / "b.md").read_text()

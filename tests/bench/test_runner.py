@@ -68,3 +68,19 @@ def test_claims_say_no_when_dense_is_faster_and_yes_when_they_hold():
     verdicts, _ = report_for(fast, (8192,), lambda n: sparsity(n, 512))
     assert verdicts[0]["agrees"] and verdicts[2]["agrees"]
     assert not verdicts[1]["agrees"] and "not measured" in verdicts[1]["note"]
+
+
+def test_over_budget_extends_the_curve_by_its_last_growth():
+    from dsa_export.bench.runner import over_budget
+
+    assert over_budget([], 4096, 10.0) is None
+    # 1 s at 1024, 4 s at 2048: L^2, so 16 s predicted at 4096 (over 10 s), 4096 fits a 20 s budget.
+    curve = [(1024, 1.0), (2048, 4.0)]
+    reason = over_budget(curve, 4096, 10.0)
+    assert reason is not None and "16 s" in reason and "L^2.00" in reason
+    assert over_budget(curve, 4096, 20.0) is None
+    # One point: assumed quadratic; a call already past the budget stops the curve.
+    assert over_budget([(1024, 1.0)], 4096, 10.0) is not None
+    assert "took 12 s" in over_budget([(1024, 12.0)], 2048, 10.0)
+    # Growth is clamped to L^1..L^2.5 (a faster second call does not predict a shrinking time).
+    assert over_budget([(1024, 4.0), (2048, 1.0)], 4096, 1.5) is not None
