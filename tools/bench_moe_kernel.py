@@ -16,13 +16,20 @@ Reports per case:
   * for bf16: a torch baseline over the same routing (tokens sorted by expert, one gate_up and one
     down matmul per active expert, index_add combine), and its ratio.
 Cases run in order of interest (decode and the largest prefill first) until --budget-s is spent;
-every case records its error instead of aborting the run. Writes one JSON document.
+every case records its error instead of aborting the run. Writes one JSON document, rewritten
+after every case.
+
+Every timed case checks its output for a few tokens (first, middle, last) against a float32 torch
+reference of the same routing (FP8 experts dequantized with their block scales), within the GPU
+tests' bounds (1e-2 of the output scale for bf16 experts, 2e-2 for FP8). A case that fails gets
+"valid": false, is listed under "invalid_cases", counts toward no goal, and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import traceback
@@ -95,6 +102,41 @@ def torch_moe(x, ids, w, gate_up, down):
     return out.to(x.dtype)
 
 
+CHECK_TOL = {False: 1e-2, True: 2e-2}  # max |out - ref| / max |ref|, as MOE_TOL in tests/plugins/test_kernels_gpu.py
+
+
+def dequantized(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 copy of one expert matrix; FP8 values times the scale of their 128 x 128 block."""
+    if scale is None:
+        return weight.float()
+    rows, cols = weight.shape
+    full = scale.repeat_interleave(128, dim=0)[:rows].repeat_interleave(128, dim=1)[:, :cols]
+    return weight.float() * full
+
+
+def check_tokens(got, x, ids, w, layer) -> dict:
+    """got[n] for a few tokens n against the routed-experts formula in float32."""
+    gate_up, down, gu_scale, dn_scale = layer
+    fp8 = gu_scale is not None
+    N, inter = x.shape[0], down.shape[2]
+    tokens = sorted({0, N // 2, N - 1})
+    worst, scale = 0.0, 0.0
+    for n in tokens:
+        want = torch.zeros(x.shape[1], device=x.device, dtype=torch.float32)
+        for j in range(ids.shape[1]):
+            e = int(ids[n, j])
+            if not 0 <= e < gate_up.shape[0]:
+                continue
+            h = dequantized(gate_up[e], gu_scale[e] if fp8 else None) @ x[n].float()
+            act = torch.nn.functional.silu(h[:inter]) * h[inter:]
+            want += float(w[n, j]) * (dequantized(down[e], dn_scale[e] if fp8 else None) @ act)
+        worst = max(worst, (got[n].float() - want).abs().max().item())
+        scale = max(scale, want.abs().max().item())
+    rel = worst / max(scale, 1e-6)
+    ok = math.isfinite(rel) and rel <= CHECK_TOL[fp8]
+    return {"checked_tokens": tokens, "max_rel_err": rel, "tol": CHECK_TOL[fp8], "valid": ok}
+
+
 def moe_case(kern, layer, N: int, fp8: bool, E: int, gen: torch.Generator, refs: bool) -> dict:
     gate_up, down, gu_scale, dn_scale = layer
     x = torch.randn(N, H, device="cuda", generator=gen).to(torch.bfloat16)
@@ -113,6 +155,8 @@ def moe_case(kern, layer, N: int, fp8: bool, E: int, gen: torch.Generator, refs:
            "path": kern.moe_experts_path(N, K, E, H, I, torch.bfloat16, torch.float8_e4m3fn if fp8 else None),
            "active_experts": active, "workspace_mib": ws.numel() / 2**20, "kernel_ms": t * 1e3,
            "kernel_tflops": flops / t / 1e12, "weight_gbps": weight_bytes / t / 1e9}
+    out["check"] = check_tokens(fn(), x, ids, w, layer)
+    out["valid"] = out["check"]["valid"]
     if refs and not fp8:
         try:
             tr = cuda_time(lambda: torch_moe(x, ids, w, gate_up, down), warmup=1, iters=3)
@@ -148,6 +192,14 @@ def main(argv=None) -> int:
     }
     gen = torch.Generator(device="cuda").manual_seed(0)
     t0 = time.monotonic()
+
+    def dump() -> None:  # after every case, so a run stopped by its timeout keeps what it measured
+        results["wall_s"] = time.monotonic() - t0
+        results["invalid_cases"] = [e["case"] for e in results["moe_experts"] if e.get("valid") is False]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+
+    results["finished"] = False
     for fp8 in (False, True):
         if time.monotonic() - t0 > args.budget_s:
             break
@@ -168,12 +220,12 @@ def main(argv=None) -> int:
                 entry["traceback"] = traceback.format_exc(limit=3)
             results["moe_experts"].append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "traceback"}), flush=True)
+            dump()
         del layer
         torch.cuda.empty_cache()
-    results["wall_s"] = time.monotonic() - t0
     goals = {}
     for e in results["moe_experts"]:
-        if "kernel_tflops" not in e:
+        if "kernel_tflops" not in e or not e.get("valid"):  # only checked outputs count toward a goal
             continue
         tag = "fp8" if e["experts"].startswith("fp8") else "bf16"
         if e["N"] == 1:
@@ -183,9 +235,12 @@ def main(argv=None) -> int:
         if "speedup_vs_torch" in e:
             goals.setdefault("speedup_vs_torch_bf16", {})[str(e["N"])] = e["speedup_vs_torch"]
     results["goals"] = goals
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    results["finished"] = True
+    dump()
     print(f"wrote {args.out}")
+    if results["invalid_cases"]:
+        print(f"INVALID (output disagrees with the reference): {results['invalid_cases']}", file=sys.stderr)
+        return 1
     return 0
 
 
