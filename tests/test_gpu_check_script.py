@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh and its helpers, checked on a CPU machine.
+"""tools/gpu_check.sh, tools/gpu_parity.py and the benchmarks' spot checks, checked on a CPU machine.
 
 The script must leave evidence within 10 minutes on a GPU machine: its step timeouts (plus the kill
 grace of each) add up to less than 540 s, it writes gpu_check.json after every step, it says at
@@ -157,7 +157,7 @@ def test_summary_is_written_before_later_steps_finish(tmp_path):
         assert tests["status"] == "skipped", output
 
 
-def _summary_helper() -> str:
+def _summary_code() -> str:
     """The Python that write_summary() runs, as the script holds it."""
     body = _script().split("write_summary() {", 1)[1]
     return body.split("<<'PYEOF'", 1)[1].split("\n", 1)[1].split("\nPYEOF\n", 1)[0]
@@ -184,7 +184,7 @@ def test_summary_reads_partial_results_memcheck_errors_and_invalid_benchmarks(tm
     (out / "bench_moe.json").write_text("{ not finished")  # being written: ignored, not fatal
     env = dict(os.environ, OUT_DIR=str(out), STEP_PLAN="probe:25 build:100 tests:170 memcheck:60 bench:70",
                T0=str(int(time.time())), KILL_GRACE="3", GC_FALLBACKS="pytest missing: x|cmake missing: y")
-    proc = subprocess.run([sys.executable, "-c", _summary_helper()], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-c", _summary_code()], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     summary = _summary(out)
     assert [s["status"] for s in summary["steps"]] == ["ok", "ok", "timeout", "failed", "pending"]
