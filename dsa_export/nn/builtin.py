@@ -38,6 +38,11 @@ BUILTIN_CONFIGS: dict[str, DSAModelConfig] = {
         sliding_window=128,
         local_head_dim=32,
     ),
+    # The other sparse-attention patterns (dsa_export.nn.patterns, docs/patterns.md), each in the
+    # two layers above a sliding-window layer: LSH buckets (4 per head, up to 32 keys per query),
+    # the Gumbel-top-k indexer (in eval mode tiny's DSA layers) and static selections taken once
+    # from a seeded 512-token calibration input.
+    **{name: DSAModelConfig(name=name, layer_types=("local", name, name)) for name in ("lsh", "gumbel", "static")},
 }
 
 
@@ -53,4 +58,11 @@ def build_builtin(name: str = DEFAULT_MODEL):
     from dsa_export.nn.model import DSACausalLM
 
     cfg = builtin_config(name)
-    return DSACausalLM(cfg).init_weights(cfg.seed).eval()
+    model = DSACausalLM(cfg).init_weights(cfg.seed).eval()
+    if "static" in cfg.layer_types:
+        from dsa_export.nn.model import example_inputs
+        from dsa_export.nn.patterns import freeze_static_patterns
+
+        calibration = example_inputs(cfg, 1, cfg.static_max_seq, seed=cfg.seed + 1)["input_ids"]
+        freeze_static_patterns(model, calibration)
+    return model

@@ -6,7 +6,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-LAYER_TYPES = ("local", "dsa", "hybrid", "dense")
+#: "block", "predictor", "lsh", "gumbel" and "static" are the patterns of dsa_export.nn.patterns.
+LAYER_TYPES = ("local", "dsa", "hybrid", "dense", "block", "predictor", "lsh", "gumbel", "static")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,21 @@ class DSAModelConfig:
     moe_topk_group: int = 1
     moe_norm_topk_prob: bool = True
     moe_routed_scaling_factor: float = 1.0
+    #: Block-sparse layers ("block", "predictor"; heads of local_head_dim): block edge, key blocks
+    #: kept per query block, and the predictor's hidden width, per-head feature width and gating.
+    block_size: int = 32
+    block_topk: int = 4
+    predictor_hidden: int = 32
+    predictor_dim: int = 16
+    predictor_gating: str = "straight-through"
+    #: LSH layers ("lsh"): buckets per head (even) and keys kept per query within its bucket.
+    lsh_buckets: int = 4
+    lsh_topk: int = 32
+    #: Gumbel-top-k indexer layers ("gumbel"): noise scale in training mode.
+    gumbel_temperature: float = 1.0
+    #: Static-pattern layers ("static"): length of the calibration input the patterns are taken
+    #: from (rows stored per layer).
+    static_max_seq: int = 512
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
@@ -75,6 +91,19 @@ class DSAModelConfig:
             raise ValueError("index_topk, sliding_window, num_heads and index_n_heads must be >= 1.")
         if self.moe_experts:
             self._check_moe()
+        self._check_patterns()
+
+    def _check_patterns(self) -> None:
+        if min(self.block_size, self.block_topk, self.predictor_hidden, self.predictor_dim, self.lsh_topk,
+               self.static_max_seq) < 1:
+            raise ValueError("block_size, block_topk, predictor_hidden, predictor_dim, lsh_topk and static_max_seq "
+                             "must be >= 1.")
+        if self.predictor_gating not in ("straight-through", "soft"):
+            raise ValueError(f"predictor_gating must be 'straight-through' or 'soft', not {self.predictor_gating!r}.")
+        if self.lsh_buckets < 2 or self.lsh_buckets % 2:
+            raise ValueError("lsh_buckets must be even and at least 2 (Reformer's argmax over [xR, -xR]).")
+        if self.gumbel_temperature <= 0:
+            raise ValueError("gumbel_temperature must be positive.")
 
     def _check_moe(self) -> None:
         e, groups = self.moe_experts, self.moe_n_group

@@ -10,6 +10,7 @@ from torch import nn
 from dsa_export.nn.config import DSAModelConfig
 from dsa_export.nn.layers import RMSNorm, SwiGLU, make_attention, rope_tables
 from dsa_export.nn.moe import RoutedMoE
+from dsa_export.nn.patterns import PATTERN_LAYER_TYPES, make_pattern_attention
 
 
 def make_mlp(cfg: DSAModelConfig, index: int) -> nn.Module:
@@ -28,7 +29,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer_type = layer_type
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = make_attention(cfg, layer_type)
+        self.attn = (make_pattern_attention(cfg, layer_type, index) if layer_type in PATTERN_LAYER_TYPES
+                     else make_attention(cfg, layer_type))
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = make_mlp(cfg, index)
 
