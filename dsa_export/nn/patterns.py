@@ -4,8 +4,8 @@ block predictor, LSH bucketed attention, a Gumbel-top-k indexer and static (cach
 Every pattern ends in one of the ``dsa`` ops, so it exports like the indexer does: block patterns
 become the ``block_index [B,H,nqb,Kb]`` of ``DSABlockSparseAttention``, LSH buckets and static
 patterns become the ``indices [B,S,K]`` of ``DSASparseAttention``. Every selection has a fixed
-width (Kb, K), -1 padded, built with shape-static ops (TopK of a fixed k over padded scores, a
-sort of the whole row, gathers), so no exported graph has a data-dependent shape.
+width (Kb, K), -1 padded, built with shape-static ops (TopK of a fixed k over padded scores,
+running counts, gathers and scatters), so no exported graph has a data-dependent shape.
 See docs/patterns.md for the designs, the constructions and what ran where.
 """
 
@@ -223,27 +223,31 @@ def lsh_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     return torch.cat((projected, -projected), -1).argmax(-1)
 
 
-def bucket_selections(buckets: torch.Tensor, k: int) -> torch.Tensor:
+def bucket_selections(buckets: torch.Tensor, k: int, n_buckets: int) -> torch.Tensor:
     """int32 ``[N,S,k]``: for each query, the up-to-``k`` latest keys at or before it in its bucket.
 
-    Stable construction with static shapes: sort positions by ``(bucket, position)`` (one sort of
-    the unique keys ``bucket * S + position``); in that order the keys of a query's bucket that
-    precede it are the entries just before it, so its candidates are the sorted entries at its
-    own rank minus 0..k-1, kept while they are in its bucket. -1 fills the rest. Cost O(S log S +
-    S k), memory O(S k). ``buckets`` is ``[N,S]`` (any integer type, values >= 0).
+    Static shapes and no sort: a query's rank in the order by ``(bucket, position)`` is the number
+    of tokens in lower buckets plus the number of earlier tokens of its bucket, both read from a
+    running count of a one-hot ``[N,S,n_buckets]``; scattering positions to their ranks gives that
+    order, in which the keys of a query's bucket that precede it are the entries just before it.
+    Its candidates are the entries at its rank minus 0..k-1, valid while fewer than the tokens of
+    its bucket up to it; -1 fills the rest. Cost O(S (n_buckets + k)). ``buckets`` is ``[N,S]``
+    with values in ``[0, n_buckets)``.
     """
     n, s = buckets.shape
     buckets = buckets.long()
-    positions = torch.arange(s, device=buckets.device)
-    order = torch.argsort(buckets * s + positions, dim=-1)  # keys are unique: no tie order to rely on
-    rank = torch.empty_like(order).scatter_(-1, order, positions.expand(n, s))
-    sorted_buckets = buckets.gather(-1, order)
-    candidate = rank[:, :, None] - torch.arange(k, device=buckets.device)  # [N,S,k]
-    in_range = candidate >= 0
-    candidate = candidate.clamp(min=0).reshape(n, s * k)
+    onehot = (buckets[:, :, None] == torch.arange(n_buckets, device=buckets.device)).to(torch.int32)
+    running = onehot.cumsum(1)  # [N,S,nb]: tokens of each bucket in [0, p]
+    totals = running[:, -1]  # [N,nb]
+    lower = totals.cumsum(-1) - totals  # tokens in lower buckets
+    upto = running.gather(-1, buckets[:, :, None]).squeeze(-1)  # tokens of p's bucket in [0, p], p included
+    rank = (lower.gather(-1, buckets) + upto - 1).long()
+    positions = torch.arange(s, device=buckets.device).expand(n, s)
+    order = torch.empty_like(rank).scatter_(-1, rank, positions)
+    offsets = torch.arange(k, device=buckets.device)
+    candidate = (rank[:, :, None] - offsets).clamp(min=0).reshape(n, s * k)
     key = order.gather(-1, candidate).view(n, s, k)
-    same = sorted_buckets.gather(-1, candidate).view(n, s, k) == buckets[:, :, None]
-    return torch.where(in_range & same, key, -1).to(torch.int32)
+    return torch.where(offsets < upto[:, :, None], key, -1).to(torch.int32)
 
 
 def bucket_mask(buckets: torch.Tensor, k: int) -> torch.Tensor:
@@ -290,7 +294,7 @@ class LSHAttention(nn.Module):
         qk = self.qk_proj(x).view(b, s, h, d)
         v = self.v_proj(x).view(b, s, h, d)
         keys = F.normalize(qk, dim=-1)
-        indices = bucket_selections(self.buckets(keys).reshape(b * h, s), cfg.lsh_topk)
+        indices = bucket_selections(self.buckets(keys).reshape(b * h, s), cfg.lsh_topk, cfg.lsh_buckets)
         q, keys = _rope_prefix(qk, cos, sin, r), _rope_prefix(keys, cos, sin, r)
 
         def fold(t: torch.Tensor) -> torch.Tensor:  # [B,S,H,D] -> [B*H,S,1,D]

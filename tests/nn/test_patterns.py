@@ -181,7 +181,7 @@ def test_predictor_logits_have_one_row_per_query_block_and_head():
 @pytest.mark.parametrize("s,k,n_buckets", [(1, 4, 2), (37, 5, 4), (64, 64, 8), (50, 200, 2)])
 def test_bucket_selections_are_the_latest_k_keys_of_the_bucket(s, k, n_buckets):
     buckets = torch.randint(0, n_buckets, (3, s), generator=torch.Generator().manual_seed(s + k))
-    sel = bucket_selections(buckets, k)
+    sel = bucket_selections(buckets, k, n_buckets)
     assert sel.shape == (3, s, k) and sel.dtype == torch.int32
     mask = bucket_mask(buckets, k)
     for n in range(3):
