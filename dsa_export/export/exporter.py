@@ -238,9 +238,18 @@ def _relocate_reference(model: onnx.ModelProto, folder: Path) -> None:
 
 
 def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The ``native`` form: every ``dsa`` node replaced by its function body."""
+    """The ``native`` form: every ``dsa`` node replaced by its function body.
+
+    The sparse attention is inlined in its ``static`` construction (all K slots per chunk), the one
+    TensorRT(-RTX)'s parser builds: a native file is for runtimes that take no custom domain, and
+    the parser cannot swap an inlined body back (a ``plugin`` file keeps the faster ``trimmed``
+    body for ONNX Runtime, and TensorRT parses get the static one in memory).
+    """
     import onnx.inliner
 
+    from dsa_export.ops.attention_onnx import use_attention_body
+
+    use_attention_body(model, "static")
     inlined = onnx.inliner.inline_local_functions(model)
     del inlined.functions[:]
     kept = [o for o in inlined.opset_import if o.domain != DOMAIN]

@@ -117,8 +117,16 @@ def indexer_function(opset: int) -> FunctionProto:
     return _function(INDEXER_TOPK, b, opset)
 
 
-def sparse_attention_function(opset: int) -> FunctionProto:
+#: Constructions of the DSASparseAttention body: ``trimmed`` (the default, for ONNX Runtime) cuts
+#: each chunk's selection after its last valid slot, a shape that depends on the indices, which
+#: TensorRT(-RTX)'s parser rejects inside a Loop; ``static`` keeps all K slots (what TensorRT builds).
+ATTENTION_BODIES = ("trimmed", "static")
+
+
+def sparse_attention_function(opset: int, body: str = "trimmed") -> FunctionProto:
     """Body of DSASparseAttention: per chunk of queries, gather the selected rows once per kv head."""
+    if body not in ATTENTION_BODIES:
+        raise ValueError(f"unknown DSASparseAttention body {body!r}; choose from {ATTENTION_BODIES}")
     b = Body("sa")
     q_shape, k_shape, v_shape = b("Shape", "q"), b("Shape", "k"), b("Shape", "v")
     batch, s_len, heads, dk = (_scalar(b, q_shape, i) for i in range(4))
@@ -151,17 +159,29 @@ def sparse_attention_function(opset: int) -> FunctionProto:
                 b("Add", b("Mul", hkv, b("Add", dk, dv)), b("Mul", heads, b.const(3))))
     rows, trips, offsets = _chunking(b, s_len, per_row)
     last_row = b("Sub", s_len, b.const(1))
-    dims = [_one_d(b, x) for x in (batch, rows, k_sel_count, hkv)]
-    k_sel_shape = b("Concat", *dims, _one_d(b, dk), axis=0)  # [B,rows,K,Hkv,Dk]
-    v_sel_shape = b("Concat", *dims, _one_d(b, dv), axis=0)
     q_group_shape = b("Concat", *(_one_d(b, x) for x in (batch, rows, hkv, group, dk)), axis=0)
     out_shape = b("Concat", *(_one_d(b, x) for x in (batch, rows, heads, dv)), axis=0)
+    if body == "trimmed":
+        slot_number = b("Cast", b("Range", b.const(1), b("Add", k_sel_count, b.const(1)), b.const(1)), to=F32)  # [K]
 
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)
-    flat_c = t("Gather", flat, row, axis=1)  # [B,rows,K]
-    valid_c = t("Unsqueeze", t("Gather", valid, row, axis=1), t.const([2, 3]))  # [B,rows,1,1,K]
+    # Slots past the last valid one of every row of the chunk hold no key (the early queries of a
+    # prefill have fewer than K allowed keys, and the indexer pads them with -1 at the end): they
+    # are cut off, at least one slot kept. Exact: a cut slot is masked in every row of the chunk.
+    valid_rows = t("Gather", valid, row, axis=1)  # [B,rows,K]
+    if body == "trimmed":
+        used_slots = t("ReduceMax", t("Mul", t("ReduceMax", t("Cast", valid_rows, to=F32), t.const([0, 1]),
+                                               keepdims=0), slot_number), keepdims=0)
+        used = t("Unsqueeze", t("Cast", t("Max", used_slots, t.const(1.0, F32)), to=I64), t.const([0]))  # [1]
+    else:
+        used = _one_d(t, k_sel_count)
+    dims = [_one_d(t, x) for x in (batch, rows)] + [used, _one_d(t, hkv)]
+    k_sel_shape = t("Concat", *dims, _one_d(t, dk), axis=0)  # [B,rows,used,Hkv,Dk]
+    v_sel_shape = t("Concat", *dims, _one_d(t, dv), axis=0)
+    flat_c = t("Slice", t("Gather", flat, row, axis=1), t.const([0]), used, t.const([2]))  # [B,rows,used]
+    valid_c = t("Unsqueeze", t("Slice", valid_rows, t.const([0]), used, t.const([2])), t.const([2, 3]))
     # [B,rows,Hkv,K,D]: one Gather of the selected tokens serves every query head of every group
     # (with one kv head the Transpose only relabels axes).
     k_sel = t("Transpose", t("Reshape", t("Gather", k_rows, flat_c, axis=0), k_sel_shape), perm=[0, 1, 3, 2, 4])
@@ -193,3 +213,14 @@ def _function(spec: OpSpec, body: Body, opset: int) -> FunctionProto:
         attribute_protos=[helper.make_attribute(a.name, a.default) for a in spec.attributes if a.default is not None],
         doc_string=spec.doc,
     )
+
+
+def use_attention_body(model, body: str) -> bool:
+    """Replace ``model``'s DSASparseAttention function with the ``body`` construction, in place
+    (TensorRT(-RTX) parses ``static``); returns whether the model had the function."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for i, fn in enumerate(model.functions):
+        if fn.domain == DOMAIN and fn.name == SPARSE_ATTENTION.name:
+            model.functions[i].CopyFrom(sparse_attention_function(opset, body))
+            return True
+    return False

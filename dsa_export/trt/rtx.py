@@ -99,21 +99,21 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) is not one
-    # TensorRT(-RTX) can build; give the parser the construction it builds, in memory.
+    # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) and the sparse
+    # attention body with trimmed chunks are not ones TensorRT(-RTX) can build; give the parser the
+    # constructions it builds, in memory (the external data is read from beside the file).
+    from dsa_export.ops.attention_onnx import use_attention_body
     from dsa_export.ops.moe_onnx import use_fp8_body
 
     model = onnx.load(str(path), load_external_data=False)
+    use_attention_body(model, "static")
     if use_fp8_body(model, "stack"):
         # Inlined here: two FP8 experts nodes inlined by the parser give layers of the same name.
         from onnx.inliner import inline_local_functions
 
         model = inline_local_functions(model)
-        with interrupts.native_call():
-            parsed = parser.parse(model.SerializeToString(), str(path))
-    else:
-        with interrupts.native_call():
-            parsed = parser.parse_from_file(str(path))
+    with interrupts.native_call():
+        parsed = parser.parse(model.SerializeToString(), str(path))
     if not parsed:
         errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
         raise DSAUserError(f"TensorRT-RTX could not parse '{path}': {errors}")

@@ -150,7 +150,18 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(path)):
+    # Where no plugin takes a node, the parser builds its function body: give it the constructions
+    # TensorRT builds (static sparse-attention chunks, the stacked FP8 experts), in memory.
+    import onnx as onnx_lib
+
+    from dsa_export.ops.attention_onnx import use_attention_body
+    from dsa_export.ops.moe_onnx import use_fp8_body
+
+    model = onnx_lib.load(str(path), load_external_data=False)
+    swapped = use_attention_body(model, "static")
+    swapped = use_fp8_body(model, "stack") or swapped
+    parsed = parser.parse(model.SerializeToString(), str(path)) if swapped else parser.parse_from_file(str(path))
+    if not parsed:
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
         raise DSAUserError(f"TensorRT could not parse '{path}': {errors}")
 

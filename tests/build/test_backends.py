@@ -116,6 +116,16 @@ def fake_tensorrt(version: str, plan: bytes = b"ftrt-fake-plan", plugin_ok: bool
             calls["parsed"] = path
             return True
 
+        def parse(self, model, path):  # the file with the bodies TensorRT builds swapped in
+            import onnx
+
+            functions = {f.name: f for f in onnx.load_from_string(bytes(model)).functions}
+            if "DSASparseAttention" in functions:
+                calls["static_attention"] = not any(n.op_type == "ReduceMax" and "used" in "".join(n.output)
+                                                    for n in functions["DSASparseAttention"].node)
+            calls["parsed"] = path
+            return True
+
     class Profile:
         def set_shape(self, name, lo, opt, hi):
             calls["profiles"].append((name, list(lo), list(opt), list(hi)))
@@ -193,6 +203,7 @@ def test_tensorrt_11_is_strongly_typed_and_loads_plugins(exported, tmp_path):
     assert calls["cache_in"] == b"previous" and result.timing_cache == b"previous+tuned"
     assert calls["config"].builder_optimization_level == 5
     assert result.plugin_layers == 1 and result.engine == b"ftrt-fake-plan"
+    assert calls["static_attention"]  # the parser got the body TensorRT builds
 
 
 def test_tensorrt_11_refuses_weak_typing(exported):

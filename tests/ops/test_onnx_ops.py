@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from dsa_export.ops.attention_onnx import use_attention_body
 from dsa_export.ops.contract import INDEXER_TOPK, PLUGIN_ATTRIBUTES, SPARSE_ATTENTION
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import REFERENCE_OPS, indexer_topk_reference, sparse_attention_reference
@@ -266,7 +267,35 @@ def test_tensorrt_rtx_builds_the_chunked_bodies():
                                                           w=[batch, seq, 16], lengths=[batch]))
     assert ok, log
     for v_rows, v_seq in (("T", seq), ("Tv", 0)):  # the 4-input form and values from keys
-        ok, log = _rtx_build(attention_model(16, 1, 24, 16, 6, 0.3, v_rows=v_rows),
+        model = attention_model(16, 1, 24, 16, 6, 0.3, v_rows=v_rows)
+        # The default body's trimmed chunks have an index-dependent shape, which the parser
+        # refuses inside a Loop; TensorRT(-RTX) parses get the static body (trt.rtx.parse_onnx).
+        assert not _rtx_build(model, _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
+                                             indices=[batch, seq, 6]))[0]
+        assert use_attention_body(model, "static")
+        ok, log = _rtx_build(model,
                              _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
                                      indices=[batch, seq, 6]))
         assert ok, (v_rows, log)
+
+
+@pytest.mark.parametrize("body", ["trimmed", "static"])
+def test_both_attention_bodies_match_the_reference_with_padded_rows(body):
+    # Causal prefill rows: query s has min(s+1, K) keys, the rest -1 at the end (what the indexer
+    # gives), plus a chunk whose rows have no valid index at all.
+    rng = np.random.default_rng(3)
+    b, s, h, dk, dv, k_sel = 2, 40, 4, 8, 6, 16
+    q = rng.standard_normal((b, s, h, dk), dtype=np.float32)
+    k = rng.standard_normal((b, s, 1, dk), dtype=np.float32)
+    v = rng.standard_normal((b, s, 1, dv), dtype=np.float32)
+    idx = np.full((b, s, k_sel), -1, np.int32)
+    for bi in range(b):
+        for si in range(s):
+            keys = rng.permutation(si + 1)[:k_sel]
+            idx[bi, si, :keys.size] = keys
+    idx[1, :3] = -1
+    model = attention_model(h, 1, dk, dv, k_sel, 0.35)
+    assert use_attention_body(model, body)
+    got = _run(model, {"q": q, "k": k, "v": v, "indices": idx})
+    np.testing.assert_allclose(got, sparse_attention_reference(q, k, v, idx, scale=0.35), rtol=1e-5, atol=1e-5)
+    assert not got[1, :3].any()
