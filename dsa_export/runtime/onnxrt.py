@@ -34,6 +34,39 @@ SESSION_OPTIONS = {
 }
 
 
+#: From this much external data on, a CPU session keeps the weights in place (see
+#: :func:`weights_in_place`).
+LARGE_WEIGHTS_BYTES = 1 << 30
+
+
+def external_data_bytes(path: str | Path, model_bytes: bytes | None = None) -> int:
+    """Bytes of the external-data files the graph at ``path`` (or ``model_bytes``) names."""
+    import onnx
+
+    try:
+        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
+                 else onnx.load(str(path), load_external_data=False))
+    except Exception:  # ONNX Runtime reports an unreadable file itself
+        return 0
+    folder = Path(path).resolve().parent
+    locations = {entry.value for tensor in model.graph.initializer for entry in tensor.external_data
+                 if entry.key == "location"}
+    return sum((folder / name).stat().st_size for name in locations if (folder / name).is_file())
+
+
+def weights_in_place(options, path: str | Path, model_bytes: bytes | None = None) -> bool:
+    """Run a model of large weights (:data:`LARGE_WEIGHTS_BYTES` of external data or more) from
+    its memory-mapped external data: no pre-packed copy of each MatMul/Gemm weight
+    (``session.disable_prepacking``) and no CPU arena (which holds a run's peak for the session's
+    life). Measured on two DeepSeek-V3.2-width dense layers in fp32 (4.8 GB of weights) at 2100
+    tokens: peak RSS 13.6 GiB with both, 6.1 GiB without. Returns whether it applied."""
+    if external_data_bytes(path, model_bytes) < LARGE_WEIGHTS_BYTES:
+        return False
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
+    return True
+
+
 def session(
     path: str | Path,
     providers: tuple[str, ...] = ("CPUExecutionProvider",),
@@ -46,7 +79,8 @@ def session(
     ``memory_arena=False`` makes every run allocate from and free to the system, so that the
     memory a run needs can be measured from outside (the benchmark does this). ``model_bytes``
     runs a modified copy of the graph at ``path`` (e.g. with extra outputs) whose external data
-    is still read from beside ``path``: nothing is written next to the user's file.
+    is still read from beside ``path``: nothing is written next to the user's file. Models with
+    large weights keep them in place (:func:`weights_in_place`).
     """
     import onnxruntime as ort
 
@@ -56,6 +90,7 @@ def session(
     if threads:
         options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = memory_arena
+    weights_in_place(options, path, model_bytes)
     target: str | bytes = str(path)
     if model_bytes is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
@@ -265,6 +300,7 @@ class ArtifactSession:
         options.log_severity_level = quiet.ort_severity()
         if threads:
             options.intra_op_num_threads = threads
+        weights_in_place(options, model)
         providers = [name for name, _ in picked["providers"] if name in available]
         provider_options = [opts for name, opts in picked["providers"] if name in available]
         try:
