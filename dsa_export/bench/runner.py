@@ -232,6 +232,13 @@ def exponents(cases: list[dict]) -> dict[str, dict]:
             entry["memory"] = fit.to_dict()
         if entry:
             result[name] = entry
+        # The timed parts of the curve (indexer, sparse attention, dense attention) as curves of their own.
+        parts = sorted({part for p in points for part in p.get("parts_median_s", {})})
+        for part in parts:
+            timed = [(p["seq_len"], p["parts_median_s"][part]) for p in points if p.get("parts_median_s", {}).get(part)]
+            fit = fit_power_law([t[0] for t in timed], [t[1] for t in timed]) if len(timed) >= 2 else None
+            if fit is not None:
+                result[f"{name}/{part}"] = {"time": fit.to_dict()}
     return result
 
 

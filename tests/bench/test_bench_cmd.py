@@ -59,7 +59,9 @@ def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
     skipped = [c for c in report["cases"] if "skipped" in c]
     assert len(skipped) == 2 and all("--max-onnxruntime-seq 128" in c["skipped"] for c in skipped)
     assert {(r["backend"], r["seq_len"]) for r in report["ratios"]} == {("torch", 128), ("torch", 256), ("onnxruntime", 128)}
-    assert set(report["exponents"]) == {"torch/dsa", "torch/dense"}
+    assert set(report["exponents"]) == {"torch/dsa", "torch/dense", "torch/dsa/indexer", "torch/dsa/sparse_attention",
+                                        "torch/dense/dense_attention"}
+    assert report["exponents"]["torch/dsa/sparse_attention"]["time"]["points"] == 2
     assert [f["seq_len"] for f in report["flops"]] == [128, 256]
     # Below top-k every allowed key is selected: nothing is skipped, and the op agrees.
     assert all(s["analytic"] == 0.0 and s["measured"] == 0.0 for s in report["sparsity"])
