@@ -217,6 +217,7 @@ class OnnxRuntimeBackend(Backend):
 
             def record(*args, **kwargs):
                 recorded["indices"] = indexer(*args, **kwargs)
+                recorded["call"] = (args, kwargs)
                 return recorded["indices"]
 
             block.indexer_fn = record
@@ -237,6 +238,7 @@ class OnnxRuntimeBackend(Backend):
             result["queries"] = int(same.size)
             result["selection_differs"] = int((~same).sum())
             result["max_abs_diff_same_selection"] = float(diff[same].max()) if same.any() else None
+            result["near_tie_rows"], result["max_near_tie_gap"] = _near_ties(last[1], recorded, ~same)
         return result
 
     def gemm_gflops(self) -> float | None:
@@ -256,6 +258,34 @@ class OnnxRuntimeBackend(Backend):
     def close(self) -> None:
         self.sessions.clear()
         self._tmp.cleanup()
+
+
+#: A differing selection is a near tie when ours is still a top set of the float64 scores up to
+#: this share of the row's largest score (validate's float32 default).
+TIE_RTOL = 1e-4
+
+
+def _near_ties(ours, recorded: dict, differs) -> tuple[int, float]:
+    """Of the query rows whose selection differs from torch's, how many are near-tie flips: every
+    key we kept scores (in float64, from the torch indexer's own inputs) at least every key we left
+    out minus ``TIE_RTOL`` of the row's largest score; and the largest such gap, relative."""
+    import numpy as np
+
+    args, kwargs = recorded["call"]
+    q, k, w = (np.asarray(x.detach().to(torch.float64)) for x in args[:3])
+    scale, t = float(kwargs["scale"]), k.shape[1]
+    near, largest = 0, 0.0
+    for b, s in zip(*np.nonzero(differs)):
+        limit = t - q.shape[1] + s + 1  # causal: the keys up to the query's position
+        scores = (np.maximum(q[b, s] @ k[b, :limit].T * scale, 0) * w[b, s][:, None]).sum(0)
+        mine = np.unique(ours[b, s][(ours[b, s] >= 0) & (ours[b, s] < limit)])
+        left = np.setdiff1d(np.arange(limit), mine)
+        gap = (scores[left].max() - scores[mine].min()) if left.size and mine.size else 0.0
+        top = max(float(np.abs(scores).max()), 1e-30)
+        if gap <= TIE_RTOL * top:
+            near += 1
+            largest = max(largest, float(gap) / top)
+    return near, largest
 
 
 def _output_selection(model) -> None:

@@ -98,7 +98,8 @@ def render(report: dict, markdown: bool = False) -> str:
         agreement_rows.append([
             case["backend"], case["variant"], str(case["seq_len"]), f"{a['max_abs_diff']:.1e}",
             f"{a['max_abs_reference']:.2f}",
-            f"{a['selection_differs']} of {a['queries']}" if "queries" in a else "-",
+            (f"{a['selection_differs']} of {a['queries']}"
+             + (f" ({a['near_tie_rows']} near ties)" if "near_tie_rows" in a else "")) if "queries" in a else "-",
             f"{same:.1e}" if same is not None else "-", f"{a['cosine']:.9f}",
         ])
     if agreement_rows:

@@ -53,3 +53,23 @@ def test_the_cuda_backend_routes_the_dsa_layer_through_the_kernels(monkeypatch):
     assert backend.selected_indices().shape == (1, 32, CFG.topk)
     backend.call("dense", 32)()
     assert kernels.calls == ["indexer_topk", "sparse_attention"]  # dense attention is SDPA, no kernels
+
+
+def test_differing_selections_are_told_near_ties_or_not():
+    import numpy as np
+    import torch
+
+    from dsa_export.bench.backends import _near_ties
+
+    # One query at position 3 over keys 0..3 with one head: scores = relu(q.k) * w = q.k.
+    q = torch.tensor([[[[1.0]], [[1.0]], [[1.0]], [[1.0]]]], dtype=torch.float32)  # [1,4,1,1]
+    k = torch.tensor([[[1.0], [0.5], [0.5 + 1e-7], [0.1]]])  # [1,4,1]
+    w = torch.ones(1, 4, 1)
+    recorded = {"call": ((q, k, w), {"scale": 1.0})}
+    differs = np.zeros((1, 4), bool)
+    differs[0, 3] = True
+    near = np.array([[[0, 0], [0, 0], [0, 0], [0, 1]]])  # keys 0 and 1: 2 scores 5e-8 below 0+2
+    far = np.array([[[0, 0], [0, 0], [0, 0], [0, 3]]])  # key 3 instead of key 2: 0.4 lower
+    assert _near_ties(near, recorded, differs)[0] == 1
+    count, gap = _near_ties(far, recorded, differs)
+    assert count == 0 and gap == 0.0
