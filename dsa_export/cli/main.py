@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import click
@@ -137,6 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     def interrupted() -> None:
         say("Interrupted; no partial output was kept.")
 
+    if standalone:
+        # What the guard restores when the command is over: a signal that arrives once the work is
+        # done and the output installed (while the guard unwinds, or on the way to exit) is
+        # ignored instead of killing the process with a traceback or a signal exit status.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
     try:
         # In non-standalone mode click returns ctx.exit(n)'s code instead of exiting.
         code = interrupts.guard(lambda: _invoke((["--debug"] if debug else []) + args), on_abort=interrupted)
