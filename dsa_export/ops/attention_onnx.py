@@ -136,25 +136,21 @@ def sparse_attention_function(opset: int, body: str = "trimmed") -> FunctionProt
     group = b("Div", heads, hkv)
     qf, kf, vf = b("Cast", "q", to=F32), b("Cast", "k", to=F32), b("Cast", "v", to=F32)
 
-    # Values: v's rows, then for the rows v lacks the first Dv channels of k's rows. v has T rows
-    # (the 4-input form: nothing is taken from k) or none (values from keys, Dv <= Dk: MLA's
-    # absorbed form). The zeros only pad the channel axis for the Slice and cost nothing when v
-    # has all rows.
-    missing = b("Sub", t_len, t_v)
-    k_rest = b("Slice", kf, _one_d(b, t_v), _one_d(b, t_len), b.const([1]))  # [B,T-Tv,Hkv,Dk]
-    zero = helper.make_tensor("v", F32, [1], [0.0])
-    zeros = b("ConstantOfShape", b("Concat", *(_one_d(b, x) for x in (batch, missing, hkv, dv)), axis=0), value=zero)
-    from_keys = b("Slice", b("Concat", k_rest, zeros, axis=3), b.const([0]), _one_d(b, dv), b.const([3]))
-    values = b("Concat", vf, from_keys, axis=1)  # [B,T,Hkv,Dv]
-
-    # The selected rows of all kv heads of a token are one row of [B*T, Hkv*D]: one Gather per chunk.
-    bt = b("Mul", batch, t_len)
-    k_rows = b("Reshape", kf, b("Concat", _one_d(b, bt), _one_d(b, b("Mul", hkv, dk)), axis=0))
-    v_rows = b("Reshape", values, b("Concat", _one_d(b, bt), _one_d(b, b("Mul", hkv, dv)), axis=0))
+    # One table of rows [B*T, Hkv*(Dk+Cv)]: each token's keys (all kv heads) and, in the 4-input
+    # form, its values (Cv = Dv). With values from keys (v has no rows: MLA's absorbed form, Dv <=
+    # Dk) Cv = 0 and the values are the first Dv channels of the keys. One Gather per chunk then
+    # reads each selected row once, and nothing is copied to build the values.
+    cv = b("Div", b("Mul", dv, t_v), b("Max", t_len, b.const(1)))  # Dv or 0
+    v_cols = b("Reshape", vf, b("Concat", *(_one_d(b, x) for x in (batch, t_len, hkv, cv)), axis=0), allowzero=1)
+    width = b("Add", dk, cv)
+    table = b("Reshape", b("Concat", kf, v_cols, axis=3),
+              b("Concat", _one_d(b, b("Mul", batch, t_len)), _one_d(b, b("Mul", hkv, width)), axis=0), allowzero=1)
+    v_start = b("Mul", dk, b("Min", t_v, b.const(1)))  # values after the keys, or at channel 0
+    v_end = b("Add", v_start, dv)
     idx = b("Cast", "indices", to=I64)
     valid = b("And", b("GreaterOrEqual", idx, b.const(0)), b("Less", idx, t_len))  # [B,S,K]
     batch_offset = b("Reshape", b("Mul", b("Range", b.const(0), batch, b.const(1)), t_len), b.const([-1, 1, 1]))
-    flat = b("Add", b("Where", valid, idx, b.const(0)), batch_offset)  # [B,S,K] rows of k_rows / v_rows
+    flat = b("Add", b("Where", valid, idx, b.const(0)), batch_offset)  # [B,S,K] rows of the table
     per_row = b("Mul", b("Mul", batch, k_sel_count),
                 b("Add", b("Mul", hkv, b("Add", dk, dv)), b("Mul", heads, b.const(3))))
     rows, trips, offsets = _chunking(b, s_len, per_row)
@@ -177,15 +173,15 @@ def sparse_attention_function(opset: int, body: str = "trimmed") -> FunctionProt
         used = t("Unsqueeze", t("Cast", t("Max", used_slots, t.const(1.0, F32)), to=I64), t.const([0]))  # [1]
     else:
         used = _one_d(t, k_sel_count)
-    dims = [_one_d(t, x) for x in (batch, rows)] + [used, _one_d(t, hkv)]
-    k_sel_shape = t("Concat", *dims, _one_d(t, dk), axis=0)  # [B,rows,used,Hkv,Dk]
-    v_sel_shape = t("Concat", *dims, _one_d(t, dv), axis=0)
+    sel_shape = t("Concat", *(_one_d(t, x) for x in (batch, rows)), used, _one_d(t, hkv), _one_d(t, width),
+                  axis=0)  # [B,rows,used,Hkv,Dk+Cv]
     flat_c = t("Slice", t("Gather", flat, row, axis=1), t.const([0]), used, t.const([2]))  # [B,rows,used]
     valid_c = t("Unsqueeze", t("Slice", valid_rows, t.const([0]), used, t.const([2])), t.const([2, 3]))
     # [B,rows,Hkv,K,D]: one Gather of the selected tokens serves every query head of every group
     # (with one kv head the Transpose only relabels axes).
-    k_sel = t("Transpose", t("Reshape", t("Gather", k_rows, flat_c, axis=0), k_sel_shape), perm=[0, 1, 3, 2, 4])
-    v_sel = t("Transpose", t("Reshape", t("Gather", v_rows, flat_c, axis=0), v_sel_shape), perm=[0, 1, 3, 2, 4])
+    sel = t("Reshape", t("Gather", table, flat_c, axis=0), sel_shape)
+    k_sel = t("Transpose", t("Slice", sel, t.const([0]), _one_d(t, dk), t.const([4])), perm=[0, 1, 3, 2, 4])
+    v_sel = t("Transpose", t("Slice", sel, _one_d(t, v_start), _one_d(t, v_end), t.const([4])), perm=[0, 1, 3, 2, 4])
     q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])  # [.,Dk,G]
     # k_sel @ q^T, the torch op's product, then back to [B,rows,Hkv,G,K].
     logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
