@@ -9,7 +9,7 @@ from dataclasses import dataclass
 BACKENDS = ("torch", "onnxruntime", "cuda")
 DEFAULT_BACKENDS = ("torch", "onnxruntime")
 DEFAULT_SEQ_LENS = (1024, 4096, 16384)
-#: The sizes that finish within about three minutes on two CPU cores (the documented quick set).
+#: The sizes that finish in about 1-2 minutes on two CPU cores (the documented quick set).
 QUICK_SEQ_LENS = (1024, 2048, 4096, 8192)
 #: Longest L sent to ONNX Runtime unless raised: the dense export holds [B,H,S,T] scores (1 GiB per
 #: 16 heads at S = 4096, 4 GiB at 8192) and takes seconds per call there; the DSA bodies run in

@@ -44,8 +44,8 @@ _CASE_OPTIONS = {
               help="attention: one DSA layer against dense attention across L; moe: one MoE layer (router, "
                    "routed and shared experts) with our experts op against transformers' experts, across tokens.")
 @click.option("--seq", "seq_lens", type=INT_LIST, default="1024,4096,16384", show_default=True,
-              help="Sequence lengths L (prefill of L tokens). 1024,2048,4096,8192 finishes in about 3 "
-                   "minutes on 2 CPU cores.")
+              help="Sequence lengths L (prefill of L tokens). 1024,2048,4096,8192 finishes in about 1-2 "
+                   "minutes on 2 CPU cores with OMP_WAIT_POLICY=PASSIVE.")
 @click.option("--topk", type=click.IntRange(min=1), default=512, show_default=True,
               help="Keys each query attends to in the DSA layer.")
 @click.option("--backends", type=_BackendList(), default=None,
