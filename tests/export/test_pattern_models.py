@@ -3,6 +3,7 @@ TensorRT-RTX, and build + run, as the other built-ins go."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from dsa_export.export import ExportSettings, export_model, save_model
+from dsa_export.export.exporter import inline_custom_ops
 from dsa_export.nn import BUILTIN_CONFIGS
 from dsa_export.runtime.onnxrt import session
 from dsa_export.sources import ModelSource, resolve
@@ -43,6 +45,20 @@ EXPECTED_OPS = {
 UNSEEN = [(1, 17), (3, 100), (2, 300)]
 
 
+def _native_form(plugin: onnx.ModelProto) -> onnx.ModelProto:
+    """What ``export --ops native`` writes: the same trace with every dsa node inlined
+    (``exporter._finish``), so one trace gives both files and the tests stay within CI time."""
+    native = inline_custom_ops(copy.deepcopy(plugin))
+    for prop in native.metadata_props:
+        if prop.key == "dsa_export.ops_mode":
+            prop.value = "native"
+        elif prop.key == "dsa_export.export_settings":
+            prop.value = json.dumps({**json.loads(prop.value), "ops": "native"}, sort_keys=True)
+    native.doc_string = plugin.doc_string.replace("(plugin ops)", "(native ops)")
+    onnx.checker.check_model(native, full_check=True)
+    return native
+
+
 @pytest.fixture(scope="module")
 def pattern_exports(tmp_path_factory):
     """``{name: (source, {"plugin": path, "native": path})}``, exported on first use."""
@@ -51,8 +67,9 @@ def pattern_exports(tmp_path_factory):
     def get(name: str):
         if name not in cache:
             source = resolve(name)
-            paths = {mode: save_model(export_model(source, ExportSettings(ops=mode)), out / f"{name}-{mode}.onnx")
-                     for mode in ("plugin", "native")}
+            plugin = export_model(source, ExportSettings(ops="plugin"))
+            paths = {"plugin": save_model(plugin, out / f"{name}-plugin.onnx"),
+                     "native": save_model(_native_form(plugin), out / f"{name}-native.onnx")}
             cache[name] = (source, paths)
         return cache[name]
 
@@ -94,12 +111,12 @@ def test_static_pattern_is_a_constant_of_the_graph(pattern_exports):
     assert not any("wq_b" in n or "weights_proj" in n for n in names)  # no indexer weights left
 
 
-def test_static_pattern_as_a_graph_input(tmp_path):
+def test_static_pattern_as_a_graph_input(pattern_exports, tmp_path):
     """The selections fed at run time: ``patterns [L, S, K]`` with its rows tied to the sequence."""
     from dsa_export.model_ref import ModelReference
     from dsa_export.nn.patterns import FedStaticPatternLM
 
-    model = resolve("static").module
+    model = pattern_exports("static")[0].module
     fed = FedStaticPatternLM(model).eval()
     window = torch.arange(64)[:, None] - torch.arange(12)[None, :]
     pattern = torch.where(window >= 0, window, -1).to(torch.int32)

@@ -99,6 +99,19 @@ def test_block_mask_round_trips_the_block_index():
     assert all(mask[0, h, i, j] == 1 for h in range(2) for i in range(6) for j in index[0, h, i].tolist() if j >= 0)
 
 
+def test_block_index_round_trips_through_csr():
+    csr = pytest.importorskip("dsa_export.ops.csr", reason="needs the CSR helpers of DSABlockSparseAttention")
+    logits = torch.randn(2, 3, 9, 9, generator=torch.Generator().manual_seed(12))
+    index = block_index_from_logits(logits, 4, gate=True)
+    row_ptr, col_idx = csr.block_index_to_csr(index, 9)
+    back = csr.csr_to_block_index(row_ptr, col_idx, 4)
+    def rows(x):
+        return [set(r[r >= 0].tolist()) for r in x.reshape(-1, 4)]
+
+    assert rows(back) == rows(index)
+    assert int(row_ptr[-1, -1, -1]) == int((index >= 0).sum())
+
+
 def _dense_block_reference(q, k, v, index, bs, scale):
     """Loops: each query attends its causal keys inside the key blocks its query block lists."""
     b, s, h, _ = q.shape
