@@ -161,7 +161,7 @@ def annotate_custom_outputs(model: onnx.ModelProto) -> None:
         if node.op_type == "DSAIndexerTopK":
             topk = next(a.i for a in node.attribute if a.name == "topk")
             dims, elem = [qd[0], qd[1], topk], onnx.TensorProto.INT32
-        elif node.op_type == "DSASparseAttention":
+        elif node.op_type in ("DSASparseAttention", "DSABlockSparseAttention"):
             v = known[node.input[2]]
             dims, elem = [qd[0], qd[1], qd[2], _shape_dims(v)[3]], q.type.tensor_type.elem_type
         elif node.op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):

@@ -2,7 +2,8 @@
 
 The Python entry points validate their arguments against the op contract and then call the
 ``torch.ops.dsa`` custom ops, which the ONNX exporter turns into ``dsa``-domain nodes: the two
-sparse-attention ops and the routed experts of a mixture-of-experts block.
+sparse-attention ops, the block-sparse attention and the routed experts of a mixture-of-experts
+block.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from dsa_export.errors import DSAUserError
 from dsa_export.ops.contract import (
+    BLOCK_SPARSE_ATTENTION,
     DOMAIN,
     INDEXER_TOPK,
     MOE_ACTIVATIONS,
@@ -24,12 +26,14 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "BLOCK_SPARSE_ATTENTION",
     "DOMAIN",
     "INDEXER_TOPK",
     "MOE_EXPERTS",
     "MOE_EXPERTS_FP8",
     "OPS",
     "SPARSE_ATTENTION",
+    "dsa_block_sparse_attention",
     "dsa_indexer_topk",
     "dsa_moe_experts",
     "dsa_moe_experts_fp8",
@@ -108,6 +112,46 @@ def dsa_sparse_attention(
     _check(q.shape[2] % k.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k.shape[2]}.")
     _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]), "indices must be [B,S,K] of q.")
     return torch_ops.sparse_attention(q, k, v, indices.to(torch.int32), float(scale))
+
+
+def dsa_block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    *,
+    block_size: int,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """Attend every query head over the key blocks listed for its query block (see the op contract).
+
+    ``block_index [B,H,ceil(S/block_size),Kb]`` lists, per head and query block, the key blocks
+    (block j holds keys ``j*block_size .. j*block_size+block_size-1``) it attends to; -1 pads, ids
+    outside the key blocks are ignored and a repeated id counts once.
+    """
+    import torch
+
+    from dsa_export.ops import block_torch
+    from dsa_export.ops.contract import block_count
+
+    _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and block_index.dim() == 4,
+           "DSABlockSparseAttention expects q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], "
+           "block_index [B,H,ceil(S/bs),Kb].")
+    _check(int(block_size) >= 1, f"block_size must be at least 1, not {block_size}.")
+    _check(k.shape[3] == q.shape[3], f"k head dim {k.shape[3]} != q head dim {q.shape[3]}.")
+    _check(tuple(k.shape[:3]) == tuple(v.shape[:3]), f"k {tuple(k.shape)} and v {tuple(v.shape)} differ.")
+    _check(k.shape[0] == q.shape[0], f"k has batch {k.shape[0]}, q has {q.shape[0]}.")
+    _check(q.shape[2] % k.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k.shape[2]}.")
+    _check(str(q.dtype).split(".")[-1] in _FLOAT_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype,
+           f"q, k and v must share one of {', '.join(_FLOAT_DTYPES)}, not {q.dtype} / {k.dtype} / {v.dtype}.")
+    n_qb = block_count(q.shape[1], int(block_size))
+    _check(tuple(block_index.shape[:3]) == (q.shape[0], q.shape[2], n_qb),
+           f"block_index {tuple(block_index.shape)} must be [B,H,ceil(S/bs),Kb] = "
+           f"[{q.shape[0]},{q.shape[2]},{n_qb},Kb] for q {tuple(q.shape)} and block_size {block_size}.")
+    _check(not block_index.is_floating_point(), "block_index must be an integer tensor.")
+    return block_torch.block_sparse_attention(q, k, v, block_index.to(torch.int32), int(block_size), float(scale),
+                                              bool(causal))
 
 
 def _user_check(condition: bool, message: str) -> None:

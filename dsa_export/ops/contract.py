@@ -4,8 +4,9 @@ This module is the bottom of the package: the exporter, the ONNX schemas, the re
 runtimes and the plugin library all read op names, attributes and I/O from here, so the contract
 is written down once.
 
-Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``) and the
-routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
+Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``), the
+block-sparse attention of the DSA articles (``DSABlockSparseAttention``: per-head lists of key blocks,
+see docs/ops.md) and the routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
 DeepSeek's FP8 block-scaled expert weights: an ONNX function body cannot test whether an optional
 input is present, so the FP8 form is its own op).
 """
@@ -124,6 +125,43 @@ SPARSE_ATTENTION = OpSpec(
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
 )
 
+BLOCK_SPARSE_ATTENTION = OpSpec(
+    name="DSABlockSparseAttention",
+    torch_name="block_sparse_attention",
+    doc=(
+        "Attention of every query head over the key blocks selected for its query block: query block i "
+        "holds queries i*bs .. i*bs+bs-1 (the last one may be shorter), key block j holds keys "
+        "j*bs .. min(T, j*bs+bs)-1, and block_index[b,h,i,:] lists the key blocks head h of query block i "
+        "attends to. out[b,s,h] = softmax_t(scale * q[b,s,h] . k[b,t,g(h)]) @ v[b,t,g(h)] over the keys t of "
+        "the listed blocks, g(h) = h // (H / Hkv); with causal=1 only keys t <= T-S+s (query s sits at "
+        "absolute position T-S+s). Entries outside [0, ceil(T/bs)) (-1 pads) are ignored and a block "
+        "listed twice counts once (the row is the set of its listed blocks). A row with no allowed key "
+        "gives zeros. Accumulates in float32; the output has q's dtype."
+    ),
+    inputs=(
+        TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
+        TensorSpec("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
+        TensorSpec("v", "[B,T,Hkv,Dv]", FLOAT_TYPES),
+        TensorSpec("block_index", "[B,H,ceil(S/bs),Kb]", ("tensor(int32)",),
+                   doc="Key blocks of each (head, query block), -1 padded."),
+    ),
+    outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),
+    attributes=(
+        AttrSpec("block_size", "int", None, "Edge bs of the square blocks (queries and keys)."),
+        AttrSpec("scale", "float", None, "Softmax scale."),
+        AttrSpec("causal", "int", 1, "1: query at T-S+s attends to keys t <= T-S+s only, inside its blocks."),
+    ),
+)
+
+
+def block_count(length: int, block_size: int) -> int:
+    """Blocks of ``block_size`` covering ``length`` positions (the last one may be partial).
+
+    Plain arithmetic, so a symbolic length (torch.export) stays symbolic.
+    """
+    return (length + block_size - 1) // block_size
+
+
 _MOE_DOC = (
     "Routed experts of a mixture-of-experts block: out[n] = sum_k topk_weights[n,k] * "
     "down[e] @ (act(gate[e] @ x[n]) * (up[e] @ x[n])), e = topk_ids[n,k], where gate[e] and up[e] "
@@ -184,5 +222,6 @@ MOE_EXPERTS_FP8 = OpSpec(
 
 #: Every op of the domain, by ONNX op_type.
 OPS: dict[str, OpSpec] = {
-    spec.name: spec for spec in (INDEXER_TOPK, SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8)
+    spec.name: spec
+    for spec in (INDEXER_TOPK, SPARSE_ATTENTION, BLOCK_SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8)
 }

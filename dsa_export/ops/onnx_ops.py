@@ -5,7 +5,8 @@
 * :func:`function_protos` builds one local function per op with only standard ONNX ops. ONNX
   Runtime and the TensorRT(-RTX) parser execute a node through it when no plugin is registered.
   The DSA bodies (:mod:`dsa_export.ops.attention_onnx`) loop over chunks of queries, so their
-  memory is one chunk's (never ``[B,S,T]``); the routed-experts bodies
+  memory is one chunk's (never ``[B,S,T]``); so does the block-sparse body
+  (:mod:`dsa_export.ops.block_onnx`) over chunks of query blocks; the routed-experts bodies
   (:mod:`dsa_export.ops.moe_onnx`) loop over the active experts and tiles of their tokens.
 * :func:`translation_table` maps the torch custom ops to onnxscript functions emitting the nodes.
 """
@@ -78,9 +79,11 @@ def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionPro
     (the one TensorRT(-RTX) can build), see :mod:`dsa_export.ops.moe_onnx`.
     """
     from dsa_export.ops.attention_onnx import indexer_function, sparse_attention_function
+    from dsa_export.ops.block_onnx import block_sparse_attention_function
     from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function
 
-    functions = [indexer_function(opset), sparse_attention_function(opset), moe_experts_function(opset)]
+    functions = [indexer_function(opset), sparse_attention_function(opset), block_sparse_attention_function(opset),
+                 moe_experts_function(opset)]
     if opset >= MOE_EXPERTS_FP8.min_opset:
         functions.append(moe_experts_fp8_function(opset, fp8_body))
     return functions
@@ -101,6 +104,7 @@ def translation_table() -> dict:
     import torch
 
     register_schemas()
+    import dsa_export.ops.block_torch  # noqa: F401  (registers torch.ops.dsa.block_sparse_attention)
     import dsa_export.ops.torch_ops  # noqa: F401  (registers torch.ops.dsa)
 
     dsa = onnxscript.values.Opset(DOMAIN, DOMAIN_VERSION)
@@ -118,6 +122,10 @@ def translation_table() -> dict:
     def sparse_attention(q, k, v, indices, scale: float):
         return dsa.DSASparseAttention(q, k, v, indices, scale=scale, **PLUGIN_ATTRIBUTES)
 
+    def block_sparse_attention(q, k, v, block_index, block_size: int, scale: float, causal: bool):
+        return dsa.DSABlockSparseAttention(q, k, v, block_index, block_size=int(block_size), scale=scale,
+                                           causal=int(causal), **PLUGIN_ATTRIBUTES)
+
     def moe_experts(x, topk_ids, topk_weights, gate_up, down, activation: str = "silu"):
         return dsa.DSAMoEExperts(x, topk_ids, topk_weights, gate_up, down, activation=_checked_activation(activation),
                                  **PLUGIN_ATTRIBUTES)
@@ -131,6 +139,7 @@ def translation_table() -> dict:
     return {
         torch.ops.dsa.indexer_topk.default: indexer_topk,
         torch.ops.dsa.sparse_attention.default: sparse_attention,
+        torch.ops.dsa.block_sparse_attention.default: block_sparse_attention,
         torch.ops.dsa.moe_experts.default: moe_experts,
         torch.ops.dsa.moe_experts_fp8.default: moe_experts_fp8,
     }

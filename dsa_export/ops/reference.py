@@ -77,6 +77,38 @@ def sparse_attention_reference(
     return out.astype(np.asarray(q).dtype)
 
 
+def block_sparse_attention_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, block_index: np.ndarray, *, block_size: int, scale: float,
+    causal: bool = True,
+) -> np.ndarray:
+    """``[B,S,H,Dv]`` attention over the keys of the listed key blocks, in q's dtype.
+
+    The allowed keys of query s and head h are the union of the blocks listed for its query block
+    ``s // block_size`` (ids outside ``[0, ceil(T/bs))`` ignored, a repeated id counted once), cut to
+    ``t <= T - S + s`` when causal. A row with no allowed key is 0.
+    """
+    q64, k64, v64 = _as_float64(q), _as_float64(k), _as_float64(v)
+    b, s, h, _ = q64.shape
+    t, hkv, dv = k64.shape[1], k64.shape[2], v64.shape[3]
+    bs = int(block_size)
+    n_key_blocks = -(-t // bs)
+    group = h // hkv
+    out = np.zeros((b, s, h, dv), dtype=np.float64)
+    for bi in range(b):
+        for hi in range(h):
+            g = hi // group
+            for si in range(s):
+                blocks = {int(j) for j in block_index[bi, hi, si // bs] if 0 <= int(j) < n_key_blocks}
+                keys = sorted(key for j in blocks for key in range(j * bs, min(t, j * bs + bs))
+                              if not causal or key <= t - s + si)
+                if not keys:
+                    continue
+                logits = k64[bi, keys, g] @ q64[bi, si, hi] * scale
+                p = np.exp(logits - logits.max())
+                out[bi, si, hi] = (p / p.sum()) @ v64[bi, keys, g]
+    return out.astype(np.asarray(q).dtype)
+
+
 def _check_activation(activation) -> str:
     activation = activation.decode() if isinstance(activation, bytes) else str(activation)
     if activation not in MOE_ACTIVATIONS:
@@ -137,6 +169,15 @@ class DSASparseAttention(OpRun):
         return (sparse_attention_reference(q, k, v, indices, scale=float(scale)),)
 
 
+class DSABlockSparseAttention(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k, v, block_index, block_size=None, scale=None, causal=1, plugin_namespace=None,
+             plugin_version=None):
+        return (block_sparse_attention_reference(q, k, v, block_index, block_size=int(block_size),
+                                                 scale=float(scale), causal=bool(causal)),)
+
+
 class DSAMoEExperts(OpRun):
     op_domain = DOMAIN
 
@@ -155,5 +196,5 @@ class DSAMoEExpertsFP8(OpRun):
 
 
 #: OpRun classes keyed by op name, for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``.
-REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
+REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
 REFERENCE_BY_NAME = {cls.__name__: cls for cls in REFERENCE_OPS}
