@@ -17,7 +17,7 @@ from dsa_export.plugins.library import require_library
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ABI_VERSION = 3  # 3: dsa_sparse_attention takes a NULL v as values from keys
+ABI_VERSION = 4  # 3: dsa_sparse_attention takes a NULL v as values from keys; 4: dsa_block_sparse_attention
 
 #: Kernel families of ``dsa_moe_experts`` (``dsa_moe_experts_path``'s codes).
 MOE_PATHS = {0: "generic", 1: "tensor-core-16", 2: "tensor-core-64", 3: "tensor-core-128"}
@@ -74,6 +74,11 @@ class KernelLibrary:
                                                                                    _c_ptr, _c_size, _c_ptr]
         lib.dsa_moe_experts_path.restype = _c_i32
         lib.dsa_moe_experts_path.argtypes = [_c_i64] * 5 + [_c_i32, _c_i32, _c_i64]
+        lib.dsa_block_sparse_attention.restype = _c_i32
+        lib.dsa_block_sparse_attention.argtypes = [_c_ptr] * 5 + [_c_i64] * 9 + [ctypes.c_float, _c_i32, _c_i32,
+                                                                                 _c_ptr]
+        lib.dsa_block_sparse_attention_path.restype = _c_i32
+        lib.dsa_block_sparse_attention_path.argtypes = [_c_i64] * 3 + [_c_i32]
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -207,6 +212,48 @@ class KernelLibrary:
 
     def sparse_attention_path(self, H: int, Hkv: int, Dk: int, Dv: int, dtype: Any) -> str:
         code = self._lib.dsa_sparse_attention_path(H, Hkv, Dk, Dv, self.dtype_code(dtype))
+        return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
+
+    def block_sparse_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_index: torch.Tensor,
+        *,
+        block_size: int,
+        scale: float,
+        causal: bool = True,
+    ) -> torch.Tensor:
+        """Output [B,S,H,Dv] in q's dtype of the DSABlockSparseAttention op (arguments as in
+        ``dsa_export.ops.dsa_block_sparse_attention``)."""
+        import torch
+
+        B, S, H, Dk = q.shape
+        T, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
+        bs = int(block_size)
+        n_qb = -(-S // bs) if bs > 0 else -1
+        if bs < 1 or k.shape != (B, T, Hkv, Dk) or v.shape != (B, T, Hkv, Dv) or block_index.dim() != 4 \
+                or block_index.shape[:3] != (B, H, n_qb):
+            raise ValueError(
+                f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, block_index "
+                f"{tuple(block_index.shape)} (expected [B,H,ceil(S/{bs}),Kb]), block_size {bs}"
+            )
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise ValueError("q, k and v must share a dtype")
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        block_index = block_index.to(device=q.device, dtype=torch.int32).contiguous()
+        out = torch.empty((B, S, H, Dv), dtype=q.dtype, device=q.device)
+        status = self._lib.dsa_block_sparse_attention(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), block_index.data_ptr(), out.data_ptr(), B, S, T, H, Hkv, Dk,
+            Dv, block_index.shape[3], bs, float(scale), int(bool(causal)), self.dtype_code(q.dtype),
+            self._stream(q.device),
+        )
+        self._check(status, "dsa_block_sparse_attention")
+        return out
+
+    def block_sparse_attention_path(self, Dk: int, Dv: int, block_size: int, dtype: Any) -> str:
+        code = self._lib.dsa_block_sparse_attention_path(Dk, Dv, block_size, self.dtype_code(dtype))
         return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
 
     def indexer_topk_path(self, H: int, D: int, dtype: Any) -> str:

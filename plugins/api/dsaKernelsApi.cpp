@@ -5,6 +5,7 @@
 #include "api/dsa_kernels.h"
 
 #include "common/dsaKernelCommon.h"
+#include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionKernel.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsKernel.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
@@ -143,6 +144,60 @@ DSA_API int32_t dsa_sparse_attention_path(int64_t H, int64_t Hkv, int64_t Dk, in
         return -1;
     }
     return dsa::sparseAttentionPath(H, Hkv, Dk, Dv, static_cast<dsa::DType>(dtype), dev.smMajor);
+}
+
+DSA_API int32_t dsa_block_sparse_attention(void const* q, void const* k, void const* v, int32_t const* block_index,
+    void* out, int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t Kb,
+    int64_t block_size, float scale, int32_t causal, int32_t dtype, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_block_sparse_attention: unknown dtype code");
+        }
+        dsa::BlockSparseAttentionParams p;
+        p.q = q;
+        p.k = k;
+        p.v = v;
+        p.blockIndex = block_index;
+        p.out = out;
+        p.B = B;
+        p.S = S;
+        p.T = T;
+        p.H = H;
+        p.Hkv = Hkv;
+        p.Dk = Dk;
+        p.Dv = Dv;
+        p.Kb = Kb;
+        p.blockSize = block_size;
+        p.scale = scale;
+        p.causal = causal != 0;
+        return dsa::launchBlockSparseAttention(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_block_sparse_attention: unknown exception");
+    }
+}
+
+DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t block_size, int32_t dtype)
+{
+    if (!dsa::isValidDType(dtype) || Dk <= 0 || Dv <= 0 || block_size <= 0)
+    {
+        return -1;
+    }
+    dsa::DeviceInfo dev;
+    if (!dsa::currentDeviceInfo(dev))
+    {
+        return -1;
+    }
+    return dsa::blockSparseAttentionPath(Dk, Dv, block_size, static_cast<dsa::DType>(dtype), dev.smMajor);
 }
 
 DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype)

@@ -5,6 +5,7 @@
 #include "NvInferRuntime.h"
 
 #include "common/dsaPluginCommon.h"
+#include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionPlugin.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
@@ -22,10 +23,11 @@ extern "C" DSA_PLUGIN_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreato
 {
     static dsa::plugin::DSAIndexerTopKPluginCreator sIndexerCreator;
     static dsa::plugin::DSASparseAttentionPluginCreator sAttentionCreator;
+    static dsa::plugin::DSABlockSparseAttentionPluginCreator sBlockAttentionCreator;
     static dsa::plugin::DSAMoEExpertsPluginCreator sMoECreator;
     static dsa::plugin::DSAMoEExpertsFP8PluginCreator sMoEFP8Creator;
     static nvinfer1::IPluginCreatorInterface* const sCreators[]
-        = {&sIndexerCreator, &sAttentionCreator, &sMoECreator, &sMoEFP8Creator};
+        = {&sIndexerCreator, &sAttentionCreator, &sBlockAttentionCreator, &sMoECreator, &sMoEFP8Creator};
     nbCreators = static_cast<int32_t>(sizeof(sCreators) / sizeof(sCreators[0]));
     return sCreators;
 }

@@ -5,6 +5,7 @@
  */
 #include "NvInferRuntime.h"
 
+#include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionPlugin.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
@@ -15,6 +16,7 @@ namespace plugin
 {
 REGISTER_TENSORRT_PLUGIN(DSAIndexerTopKPluginCreator);
 REGISTER_TENSORRT_PLUGIN(DSASparseAttentionPluginCreator);
+REGISTER_TENSORRT_PLUGIN(DSABlockSparseAttentionPluginCreator);
 REGISTER_TENSORRT_PLUGIN(DSAMoEExpertsPluginCreator);
 REGISTER_TENSORRT_PLUGIN(DSAMoEExpertsFP8PluginCreator);
 } // namespace plugin

@@ -53,8 +53,10 @@ typedef enum
  * tell whether the symbols it was written for are all there (version 2 added dsa_moe_experts*,
  * DSA_DTYPE_FP8_E4M3 and dsa_activation_t; the version-1 entry points are unchanged). Version 3:
  * dsa_sparse_attention takes v == NULL (with T > 0) as values from keys; every signature and every
- * call that was valid before are unchanged (v == NULL with T > 0 used to be an error). */
-#define DSA_KERNELS_ABI_VERSION 3
+ * call that was valid before are unchanged (v == NULL with T > 0 used to be an error). Version 4
+ * added dsa_block_sparse_attention and dsa_block_sparse_attention_path; the version-3 entry points
+ * are unchanged. */
+#define DSA_KERNELS_ABI_VERSION 4
 DSA_API int32_t dsa_kernels_abi_version(void);
 
 /* Human-readable name of a status code. */
@@ -97,6 +99,21 @@ DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v
     int32_t dtype, void* stream);
 
 /*
+ * DSABlockSparseAttention (ABI 4).
+ *   q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv] (dtype), block_index [B,H,ceil(S/block_size),Kb] int32,
+ *   out [B,S,H,Dv] (dtype). Query block i holds queries i*bs .. i*bs+bs-1, key block j keys
+ *   j*bs .. min(T, j*bs+bs)-1 (bs = block_size); block_index[b,h,i,:] lists the key blocks head h of
+ *   query block i attends to: ids outside [0, ceil(T/bs)) are ignored and a repeated id counts once.
+ *   out[b,s,h] = softmax_t(scale * q[b,s,h] . k[b,t,g(h)]) @ v[b,t,g(h)] over the keys of the listed
+ *   blocks, g(h) = h / (H / Hkv), and with causal != 0 only t <= T - S + s. Rows without an allowed
+ *   key are 0. Needs no workspace. Limits: the canonical list of one query block (a bitmap of
+ *   ceil(T/bs) bits plus min(Kb, ceil(T/bs)) ids) must fit in shared memory next to the tiles.
+ */
+DSA_API int32_t dsa_block_sparse_attention(void const* q, void const* k, void const* v, int32_t const* block_index,
+    void* out, int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t Kb,
+    int64_t block_size, float scale, int32_t causal, int32_t dtype, void* stream);
+
+/*
  * DSAMoEExperts / DSAMoEExpertsFP8 (routed experts).
  *   x [N,H] (dtype), topk_ids [N,K] int32, topk_weights [N,K] (weights_dtype: FLOAT32 or dtype),
  *   gate_up [E,2I,H] and down [E,H,I] (expert_dtype: dtype, or FP8_E4M3 with the float32 block
@@ -135,6 +152,7 @@ DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H,
 DSA_API int32_t dsa_sparse_attention_path(
     int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int32_t dtype);
 DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype);
+DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t block_size, int32_t dtype);
 
 #ifdef __cplusplus
 }

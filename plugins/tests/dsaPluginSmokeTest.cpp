@@ -179,7 +179,7 @@ int main(int argc, char** argv)
 
     int32_t n = 0;
     IPluginCreatorInterface* const* creators = getCreators(n);
-    check(n == 4, "four creators");
+    check(n == 5, "five creators");
     for (int32_t i = 0; i < n; ++i)
     {
         InterfaceInfo const info = creators[i]->getInterfaceInfo();
@@ -401,6 +401,200 @@ int main(int argc, char** argv)
                 delete again;
             }
             delete plugin;
+        }
+    }
+
+    // ---- DSABlockSparseAttention ----
+    IPluginCreatorV3One* bsa = findCreator(creators, n, "DSABlockSparseAttention");
+    check(bsa != nullptr, "DSABlockSparseAttention creator");
+    if (bsa != nullptr)
+    {
+        PluginFieldCollection const* names = bsa->getFieldNames();
+        check(names != nullptr && names->nbFields == 3 && findField(names, "block_size") != nullptr
+                && findField(names, "scale") != nullptr && findField(names, "causal") != nullptr,
+            "DSABlockSparseAttention declares 'block_size', 'scale' and 'causal'");
+        int32_t blockSize = 64;
+        float scale = 0.125F;
+        int32_t causal = 1;
+        std::vector<PluginField> fields{{"block_size", &blockSize, PluginFieldType::kINT32, 1},
+            {"scale", &scale, PluginFieldType::kFLOAT32, 1}, {"causal", &causal, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fc{3, fields.data()};
+        IPluginV3* plugin = bsa->createPlugin("bsa", &fc, TensorRTPhase::kBUILD);
+        check(plugin != nullptr, "DSABlockSparseAttention createPlugin");
+        if (plugin != nullptr)
+        {
+            auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+            auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+            check(core && build && rt, "DSABlockSparseAttention exposes core/build/runtime");
+            check(std::strcmp(core->getPluginName(), "DSABlockSparseAttention") == 0
+                    && std::strcmp(core->getPluginNamespace(), "dsa") == 0 && std::strcmp(core->getPluginVersion(), "1") == 0,
+                "DSABlockSparseAttention plugin name, namespace dsa, version 1");
+            check(build->getNbOutputs() == 1, "DSABlockSparseAttention one output");
+            check(std::strcmp(build->getMetadataString(), "block_size=64;scale=0.125000;causal=1") == 0,
+                std::string("DSABlockSparseAttention metadata: ") + build->getMetadataString());
+
+            // 4096 queries over 4096 keys in blocks of 64 (64 query blocks), 16 heads sharing one kv
+            // head, 8 key blocks per query block.
+            std::vector<DynamicPluginTensorDesc> io{makeDesc({1, 4096, 16, 128}, DataType::kBF16),
+                makeDesc({1, 4096, 1, 128}, DataType::kBF16), makeDesc({1, 4096, 1, 128}, DataType::kBF16),
+                makeDesc({1, 16, 64, 8}, DataType::kINT32), makeDesc({1, 4096, 16, 128}, DataType::kBF16)};
+            check(allFormats(build, io, 4), "DSABlockSparseAttention accepts bf16 q/k/v/out and int32 block_index");
+            io[4].desc.type = DataType::kFLOAT;
+            check(!build->supportsFormatCombination(4, io.data(), 4, 1), "DSABlockSparseAttention rejects out dtype != q");
+            io[4].desc.type = DataType::kBF16;
+            io[1].desc.type = DataType::kHALF;
+            check(!build->supportsFormatCombination(1, io.data(), 4, 1), "DSABlockSparseAttention rejects k dtype != q");
+            io[1].desc.type = DataType::kBF16;
+            io[3].desc.type = DataType::kINT64;
+            check(!build->supportsFormatCombination(3, io.data(), 4, 1), "DSABlockSparseAttention rejects int64 block_index");
+            io[3].desc.type = DataType::kINT32;
+            io[0].desc.format = TensorFormat::kHWC8;
+            check(!build->supportsFormatCombination(0, io.data(), 4, 1), "DSABlockSparseAttention rejects non-linear formats");
+            io[0].desc.format = TensorFormat::kLINEAR;
+            std::vector<DynamicPluginTensorDesc> f32{makeDesc({2, 100, 4, 40}, DataType::kFLOAT),
+                makeDesc({2, 130, 2, 40}, DataType::kFLOAT), makeDesc({2, 130, 2, 24}, DataType::kFLOAT),
+                makeDesc({2, 4, 2, 3}, DataType::kINT32), makeDesc({2, 100, 4, 24}, DataType::kFLOAT)};
+            check(allFormats(build, f32, 4), "DSABlockSparseAttention accepts an all-float32 combination");
+            check(!build->supportsFormatCombination(0, io.data(), 3, 1), "DSABlockSparseAttention rejects 3 inputs");
+
+            DataType inTypes[4] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kINT32};
+            DataType outType = DataType::kFLOAT;
+            check(build->getOutputDataTypes(&outType, 1, inTypes, 4) == 0 && outType == DataType::kHALF,
+                "DSABlockSparseAttention output type follows q");
+            {
+                std::vector<FakeDimExpr> qd(4), kd(4), vd(4), bd(4);
+                DimsExprs ins[4] = {makeExprs(qd), makeExprs(kd), makeExprs(vd), makeExprs(bd)};
+                DimsExprs outs[1]{};
+                FakeExprBuilder exprBuilder;
+                check(build->getOutputShapes(ins, 4, nullptr, 0, outs, 1, exprBuilder) == 0 && outs[0].nbDims == 4
+                        && outs[0].d[0] == &qd[0] && outs[0].d[1] == &qd[1] && outs[0].d[2] == &qd[2]
+                        && outs[0].d[3] == &vd[3],
+                    "DSABlockSparseAttention output shape is [B,S,H] of q and Dv of v");
+            }
+            check(build->configurePlugin(io.data(), 4, io.data() + 4, 1) == 0, "DSABlockSparseAttention configurePlugin");
+            check(build->configurePlugin(f32.data(), 4, f32.data() + 4, 1) == 0,
+                "DSABlockSparseAttention configurePlugin takes S = 100, T = 130: 2 query blocks of 64, the last ragged");
+            std::vector<DynamicPluginTensorDesc> dyn = io;
+            dyn[0].desc.dims.d[1] = -1;
+            dyn[1].desc.dims.d[1] = -1;
+            dyn[2].desc.dims.d[1] = -1;
+            dyn[3].desc.dims.d[2] = -1;
+            dyn[4].desc.dims.d[1] = -1;
+            check(build->configurePlugin(dyn.data(), 4, dyn.data() + 4, 1) == 0,
+                "DSABlockSparseAttention configurePlugin with dynamic S, T and query blocks");
+            check(build->getWorkspaceSize(io.data(), 4, io.data() + 4, 1) == 0, "DSABlockSparseAttention needs no workspace");
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[3] = makeDesc({1, 16, 63, 8}, DataType::kINT32);
+            int errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0 && logger.errors > errorsBefore
+                    && logger.lastError.find("query blocks") != std::string::npos,
+                "DSABlockSparseAttention rejects block_index with 63 query blocks for S = 4096, bs = 64");
+            bad = io;
+            bad[1] = makeDesc({1, 4096, 3, 128}, DataType::kBF16);
+            bad[2] = makeDesc({1, 4096, 3, 128}, DataType::kBF16);
+            check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0,
+                "DSABlockSparseAttention rejects H = 16 with Hkv = 3");
+            bad = io;
+            bad[3] = makeDesc({1, 8, 64, 8}, DataType::kINT32);
+            check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0,
+                "DSABlockSparseAttention rejects block_index with 8 heads for H = 16");
+            bad = io;
+            bad[2] = makeDesc({1, 4000, 1, 128}, DataType::kBF16);
+            check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0,
+                "DSABlockSparseAttention rejects v with T != k's T");
+            bad = io;
+            bad[3] = makeDesc({1, 16, 64}, DataType::kINT32);
+            check(build->configurePlugin(bad.data(), 4, bad.data() + 4, 1) != 0,
+                "DSABlockSparseAttention rejects a 3-D block_index");
+            {
+                std::vector<PluginTensorDesc> rtDesc;
+                for (DynamicPluginTensorDesc const& d : io)
+                {
+                    rtDesc.push_back(d.desc);
+                }
+                check(rt->onShapeChange(rtDesc.data(), 4, rtDesc.data() + 4, 1) == 0,
+                    "DSABlockSparseAttention onShapeChange");
+                // enqueue fails at a launcher check that needs no GPU: B*H*ceil(S/bs) over the grid limit.
+                std::vector<PluginTensorDesc> big = rtDesc;
+                int64_t const s = int64_t{64} << 26;
+                big[0].dims.d[1] = s;
+                big[4].dims.d[1] = s;
+                big[3].dims.d[2] = int64_t{1} << 26;
+                big[0].dims.d[2] = 64;
+                big[3].dims.d[1] = 64;
+                big[4].dims.d[2] = 64;
+                alignas(16) static unsigned char fake[64];
+                void const* ins[4] = {fake, fake, fake, fake};
+                void* outs[1] = {fake};
+                errorsBefore = logger.errors;
+                check(rt->enqueue(big.data(), big.data() + 4, ins, outs, nullptr, nullptr) != 0
+                        && logger.errors > errorsBefore && logger.lastError.find("grid limits") != std::string::npos,
+                    "DSABlockSparseAttention enqueue reaches the launcher (" + logger.lastError + ")");
+                big[3].dims.d[2] = 7;
+                check(rt->enqueue(big.data(), big.data() + 4, ins, outs, nullptr, nullptr) != 0
+                        && logger.lastError.find("query blocks") != std::string::npos,
+                    "DSABlockSparseAttention enqueue refuses block_index with the wrong number of query blocks");
+            }
+
+            PluginFieldCollection const* ser = rt->getFieldsToSerialize();
+            PluginField const* bsField = findField(ser, "block_size");
+            PluginField const* causalField = findField(ser, "causal");
+            check(ser != nullptr && ser->nbFields == 3 && bsField != nullptr && bsField->type == PluginFieldType::kINT32
+                    && *static_cast<int32_t const*>(bsField->data) == 64 && causalField != nullptr
+                    && causalField->type == PluginFieldType::kINT32,
+                "DSABlockSparseAttention serializes block_size and causal as int32, scale as float32");
+            IPluginV3* again = bsa->createPlugin("bsa2", ser, TensorRTPhase::kRUNTIME);
+            check(again != nullptr, "DSABlockSparseAttention round trip through getFieldsToSerialize");
+            if (again != nullptr)
+            {
+                auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+                check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0,
+                    std::string("DSABlockSparseAttention attributes survive serialization: ") + b2->getMetadataString());
+                delete again;
+            }
+            IPluginV3* cl = plugin->clone();
+            check(cl != nullptr, "DSABlockSparseAttention clone");
+            if (cl != nullptr)
+            {
+                auto* r2 = static_cast<IPluginV3OneRuntime*>(cl->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+                PluginField const* bs2 = findField(r2->getFieldsToSerialize(), "block_size");
+                check(bs2 != nullptr && bs2->data != bsField->data && *static_cast<int32_t const*>(bs2->data) == 64,
+                    "DSABlockSparseAttention clone serializes its own copy of the fields");
+                delete cl;
+            }
+            delete plugin;
+        }
+        std::vector<PluginField> noBlock{{"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fcNoBlock{1, noBlock.data()};
+        int errorsBefore = logger.errors;
+        check(bsa->createPlugin("bad", &fcNoBlock, TensorRTPhase::kBUILD) == nullptr && logger.errors > errorsBefore,
+            "DSABlockSparseAttention createPlugin without block_size fails with a logged error");
+        int32_t zero = 0;
+        std::vector<PluginField> zeroBs{{"block_size", &zero, PluginFieldType::kINT32, 1},
+            {"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fcZero{2, zeroBs.data()};
+        check(bsa->createPlugin("zero", &fcZero, TensorRTPhase::kBUILD) == nullptr,
+            "DSABlockSparseAttention rejects block_size 0");
+        int32_t two = 2;
+        std::vector<PluginField> badCausal{{"block_size", &blockSize, PluginFieldType::kINT32, 1},
+            {"scale", &scale, PluginFieldType::kFLOAT32, 1}, {"causal", &two, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection fcCausal{3, badCausal.data()};
+        check(bsa->createPlugin("causal2", &fcCausal, TensorRTPhase::kBUILD) == nullptr,
+            "DSABlockSparseAttention rejects causal = 2");
+        int64_t bs64 = 32;
+        double scale64 = 0.25;
+        std::vector<PluginField> wide{{"block_size", &bs64, PluginFieldType::kINT64, 1},
+            {"scale", &scale64, PluginFieldType::kFLOAT64, 1}};
+        PluginFieldCollection fcWide{2, wide.data()};
+        IPluginV3* p64 = bsa->createPlugin("wide", &fcWide, TensorRTPhase::kBUILD);
+        check(p64 != nullptr, "DSABlockSparseAttention accepts int64/float64 attributes and defaults causal");
+        if (p64 != nullptr)
+        {
+            auto* b64 = static_cast<IPluginV3OneBuild*>(p64->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            check(std::strcmp(b64->getMetadataString(), "block_size=32;scale=0.250000;causal=1") == 0,
+                std::string("DSABlockSparseAttention defaults: ") + b64->getMetadataString());
+            delete p64;
         }
     }
 

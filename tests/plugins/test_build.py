@@ -34,6 +34,8 @@ C_ABI = (
     "dsa_moe_experts_workspace_size",
     "dsa_moe_experts_min_workspace_size",
     "dsa_moe_experts_path",
+    "dsa_block_sparse_attention",
+    "dsa_block_sparse_attention_path",
 )
 
 
@@ -141,12 +143,16 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     build_dir, _, _ = sm90_build
     kern = KernelLibrary(build_dir / "libdsa_kernels.so")
     raw = kern._lib
-    assert raw.dsa_kernels_abi_version() == 3
+    assert raw.dsa_kernels_abi_version() == 4
     assert raw.dsa_status_string(1) == b"invalid argument"
     status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
     assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
     status = raw.dsa_indexer_topk(None, None, None, None, None, 1, 1, 1, 1, 1, 1, 1.0, 1, 7, 0, None, 0, None)
     assert status == 1 and b"dtype" in raw.dsa_last_error()
+    status = raw.dsa_block_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 64, 1.0, 1, 2, None)
+    assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()
+    status = raw.dsa_block_sparse_attention(None, None, None, None, None, 1, 1, 1, 4, 2, 64, 64, 1, 0, 1.0, 1, 2, None)
+    assert status == 1 and b"block_size" in raw.dsa_last_error()
     # The plugin sizes the workspace for a profile's maximum shapes: the size must be monotone.
     sizes = [1, 3, 100, 4096, 70000]
     ws = kern.indexer_topk_workspace_size
