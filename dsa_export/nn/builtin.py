@@ -39,10 +39,12 @@ BUILTIN_CONFIGS: dict[str, DSAModelConfig] = {
         local_head_dim=32,
     ),
     # The other sparse-attention patterns (dsa_export.nn.patterns, docs/patterns.md), each in the
-    # two layers above a sliding-window layer: LSH buckets (4 per head, up to 32 keys per query),
-    # the Gumbel-top-k indexer (in eval mode tiny's DSA layers) and static selections taken once
-    # from a seeded 512-token calibration input.
-    **{name: DSAModelConfig(name=name, layer_types=("local", name, name)) for name in ("lsh", "gumbel", "static")},
+    # two layers above a sliding-window layer: block-sparse attention over 32x32 blocks, 4 key
+    # blocks per query block, picked by pooled scores (block) or a learned predictor (predictor);
+    # LSH buckets (4 per head, up to 32 keys per query); the Gumbel-top-k indexer (in eval mode
+    # tiny's DSA layers); static selections taken once from a seeded 512-token calibration input.
+    **{name: DSAModelConfig(name=name, layer_types=("local", name, name))
+       for name in ("block", "predictor", "lsh", "gumbel", "static")},
 }
 
 

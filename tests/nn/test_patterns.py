@@ -105,6 +105,7 @@ def test_block_index_round_trips_through_csr():
     index = block_index_from_logits(logits, 4, gate=True)
     row_ptr, col_idx = csr.block_index_to_csr(index, 9)
     back = csr.csr_to_block_index(row_ptr, col_idx, 4)
+
     def rows(x):
         return [set(r[r >= 0].tolist()) for r in x.reshape(-1, 4)]
 
@@ -412,6 +413,6 @@ def test_pattern_config_fields_are_checked(bad):
         dataclasses.replace(CFG, **bad)
 
 
-@pytest.mark.parametrize("name", ["lsh", "gumbel", "static"])
+@pytest.mark.parametrize("name", ["block", "predictor", "lsh", "gumbel", "static"])
 def test_pattern_builtins_use_their_layers(name):
     assert BUILTIN_CONFIGS[name].layer_types == ("local", name, name)
