@@ -144,9 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         # ignored instead of killing the process with a traceback or a signal exit status.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
+    def command():
+        try:
+            return _invoke((["--debug"] if debug else []) + args)
+        except Exception:
+            # A failure after a signal arrived is the interrupt's doing (e.g. a KeyboardInterrupt
+            # raised inside a library's import, which the library turned into another error).
+            interrupts.raise_if_cancelled()
+            raise
+
     try:
         # In non-standalone mode click returns ctx.exit(n)'s code instead of exiting.
-        code = interrupts.guard(lambda: _invoke((["--debug"] if debug else []) + args), on_abort=interrupted)
+        code = interrupts.guard(command, on_abort=interrupted)
     except click.exceptions.Abort:
         say("Aborted.")
         _exit_interrupted(standalone)

@@ -155,3 +155,21 @@ def test_a_killed_build_leaves_a_folder_the_next_build_removes(exported, tmp_pat
     lines: list[str] = []
     _prepare_output(out, False, lines.append)
     assert not left[0].exists() and any("killed" in line for line in lines)
+
+
+def test_a_failure_after_a_signal_is_an_interruption(monkeypatch, capsys):
+    # A signal that lands inside a library (seen: torch importing torch._dynamo during an export)
+    # may come back as another error; once a signal arrived, the command is interrupted.
+    from dsa_export import interrupts
+    from dsa_export.cli import main as cli_main
+
+    def invoke(_args):
+        interrupts._cancel.set()  # what the signal handler does first
+        raise AttributeError("module 'torch._dynamo' has no attribute 'exc'")
+
+    monkeypatch.setattr(cli_main, "_invoke", invoke)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main(["export", "-o", "x.onnx"])
+    assert exit_info.value.code == interrupts.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "Interrupted; no partial output was kept." in err and "Internal error" not in err and "Error:" not in err
