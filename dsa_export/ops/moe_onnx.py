@@ -268,3 +268,8 @@ def use_fp8_body(model, body: str) -> bool:
             model.functions[i].CopyFrom(moe_experts_fp8_function(opset, body))
             return True
     return False
+
+
+def has_fp8_experts(model) -> bool:
+    """Whether ``model`` carries the DSAMoEExpertsFP8 function."""
+    return any(fn.domain == DOMAIN and fn.name == MOE_EXPERTS_FP8.name for fn in model.functions)

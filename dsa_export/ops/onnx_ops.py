@@ -143,3 +143,15 @@ def translation_table() -> dict:
         torch.ops.dsa.moe_experts.default: moe_experts,
         torch.ops.dsa.moe_experts_fp8.default: moe_experts_fp8,
     }
+
+
+def use_tensorrt_bodies(model) -> bool:
+    """Swap, in place, the function bodies TensorRT(-RTX)'s parser cannot build for the ones it
+    can: the static sparse-attention chunks and the stacked FP8 experts. Returns whether any
+    was swapped (both parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`,
+    call this before parsing)."""
+    from dsa_export.ops.attention_onnx import use_attention_body
+    from dsa_export.ops.moe_onnx import use_fp8_body
+
+    swapped = use_attention_body(model, "static")
+    return use_fp8_body(model, "stack") or swapped

@@ -102,12 +102,12 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
     # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) and the sparse
     # attention body with trimmed chunks are not ones TensorRT(-RTX) can build; give the parser the
     # constructions it builds, in memory (the external data is read from beside the file).
-    from dsa_export.ops.attention_onnx import use_attention_body
-    from dsa_export.ops.moe_onnx import use_fp8_body
+    from dsa_export.ops.moe_onnx import has_fp8_experts
+    from dsa_export.ops.onnx_ops import use_tensorrt_bodies
 
     model = onnx.load(str(path), load_external_data=False)
-    use_attention_body(model, "static")
-    if use_fp8_body(model, "stack"):
+    use_tensorrt_bodies(model)
+    if has_fp8_experts(model):
         # Inlined here: two FP8 experts nodes inlined by the parser give layers of the same name.
         from onnx.inliner import inline_local_functions
 

@@ -154,12 +154,10 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
     # TensorRT builds (static sparse-attention chunks, the stacked FP8 experts), in memory.
     import onnx as onnx_lib
 
-    from dsa_export.ops.attention_onnx import use_attention_body
-    from dsa_export.ops.moe_onnx import use_fp8_body
+    from dsa_export.ops.onnx_ops import use_tensorrt_bodies
 
     model = onnx_lib.load(str(path), load_external_data=False)
-    swapped = use_attention_body(model, "static")
-    swapped = use_fp8_body(model, "stack") or swapped
+    swapped = use_tensorrt_bodies(model)
     parsed = parser.parse(model.SerializeToString(), str(path)) if swapped else parser.parse_from_file(str(path))
     if not parsed:
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
