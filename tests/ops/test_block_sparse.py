@@ -15,6 +15,7 @@ from dsa_export.ops import block_onnx, block_torch, dsa_block_sparse_attention
 from dsa_export.ops.contract import BLOCK_SPARSE_ATTENTION, PLUGIN_ATTRIBUTES
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import REFERENCE_OPS, block_sparse_attention_reference
+from tests.build_fixtures import rtx_build
 
 FLOAT = TensorProto.FLOAT
 
@@ -288,33 +289,7 @@ def test_body_holds_one_chunk_not_the_sequence():
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-def _rtx_build(model, profile: dict) -> tuple[bool, str]:
-    trt = pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed")
-    messages: list[str] = []
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                messages.append(msg)
-
-    logger = Logger()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model.SerializeToString()):
-        return False, "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-    config = builder.create_builder_config()
-    optimization = builder.create_optimization_profile()
-    for name, shapes in profile.items():
-        optimization.set_shape(name, *shapes)
-    config.add_optimization_profile(optimization)
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(trt.ComputeCapability.SM89, 0)
-    engine = builder.build_serialized_network(network, config)
-    return engine is not None and engine.nbytes > 0, "; ".join(messages)
+_rtx_build = rtx_build
 
 
 def test_tensorrt_rtx_parses_and_builds_the_body():

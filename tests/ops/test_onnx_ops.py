@@ -14,6 +14,7 @@ from dsa_export.ops.attention_onnx import use_attention_body
 from dsa_export.ops.contract import INDEXER_TOPK, PLUGIN_ATTRIBUTES, SPARSE_ATTENTION
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import REFERENCE_OPS, indexer_topk_reference, sparse_attention_reference
+from tests.build_fixtures import rtx_build
 
 FLOAT = TensorProto.FLOAT
 
@@ -226,33 +227,7 @@ def test_bodies_hold_one_chunk_not_the_sequence():
 
 # TensorRT-RTX (CPU-only here): parse and AOT-build the chunked bodies.
 
-def _rtx_build(model, profile: dict) -> tuple[bool, str]:
-    trt = pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed")
-    messages = []
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                messages.append(msg)
-
-    logger = Logger()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model.SerializeToString()):
-        return False, "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-    config = builder.create_builder_config()
-    optimization = builder.create_optimization_profile()
-    for name, shapes in profile.items():
-        optimization.set_shape(name, *shapes)
-    config.add_optimization_profile(optimization)
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(trt.ComputeCapability.SM89, 0)
-    engine = builder.build_serialized_network(network, config)
-    return engine is not None and engine.nbytes > 0, "; ".join(messages)
+_rtx_build = rtx_build
 
 
 def _ranges(**dims):
