@@ -268,7 +268,9 @@ def test_onnx_reference_runs_the_node_and_the_inlined_body():
 
 def test_body_holds_one_chunk_not_the_sequence():
     # S = T = 8192, 16 heads, blocks of 64, 13 per list: a [B,H,S,T] mask alone would be 1 GiB
-    # (4 GiB of float scores); the chunked body stays near one chunk.
+    # (4 GiB of float scores); the chunked body stays near one chunk: 133 MiB here, but the
+    # allocator may keep freed chunks (the indexer's twin test measured 3x more on another
+    # machine), so the bound is half of that mask.
     from dsa_export.bench.memory import measure_peak_rss, peak_rss_supported
 
     if not peak_rss_supported():
@@ -280,11 +282,12 @@ def test_body_holds_one_chunk_not_the_sequence():
     index = torch.randint(0, s // bs, (1, h, s // bs, kb), generator=gen, dtype=torch.int32)
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = False
+    options.intra_op_num_threads = 1
     sess = ort.InferenceSession(block_model(h, 1, d, d, kb, bs, d**-0.5).SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
     feed = _feed(q, k, v, index)
     (out,), peak = measure_peak_rss(lambda: sess.run(None, feed))
-    assert peak < 300 * 2**20, peak / 2**20
+    assert peak < h * s * s // 2, peak / 2**20
     want = dsa_block_sparse_attention(q, k, v, index, block_size=bs, scale=d**-0.5).numpy()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 

@@ -196,7 +196,9 @@ def test_native_inlined_bodies_match():
 
 def test_bodies_hold_one_chunk_not_the_sequence():
     # S = T = 8192: the former mask-based bodies held [B,S,H,T] logits (1 GiB here) and a [B,S,T]
-    # mask; the chunked ones hold about one chunk (CHUNK_ELEMENTS float32 values per tensor).
+    # mask; the chunked ones hold about one chunk (CHUNK_ELEMENTS float32 values per tensor), a
+    # few such tensors at once: 37-133 MiB on one machine, 367 MiB on another (the allocator keeps
+    # freed chunks), so the bound is half the sequence's logits, which the former bodies exceed.
     from dsa_export.bench.memory import measure_peak_rss, peak_rss_supported
 
     if not peak_rss_supported():
@@ -207,19 +209,21 @@ def test_bodies_hold_one_chunk_not_the_sequence():
     def session(model):
         options = ort.SessionOptions()
         options.enable_cpu_mem_arena = False
+        options.intra_op_num_threads = 1
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
+    bound = (s * h * s * 4) // 2
     q, k, w = (rng.standard_normal(x, dtype=np.float32) for x in ((1, s, h, d), (1, s, d), (1, s, h)))
     sess = session(indexer_model(h, d, topk))
     feed = {"q": q, "k": k, "w": w, "lengths": np.array([s], np.int32)}
     (idx,), peak = measure_peak_rss(lambda: sess.run(None, feed))
-    assert peak < 300 * 2**20, peak / 2**20
+    assert peak < bound, peak / 2**20
     assert (idx[0, -1] >= 0).all() and (idx[0, 0, 1:] == -1).all()
     qa, ka = rng.standard_normal((1, s, h, d), dtype=np.float32), rng.standard_normal((1, s, 1, d), dtype=np.float32)
     sess = session(attention_model(h, 1, d, d, topk, 0.25, v_rows="Tv"))
     feed = {"q": qa, "k": ka, "v": np.zeros((1, 0, 1, d), np.float32), "indices": idx}
     (out,), peak = measure_peak_rss(lambda: sess.run(None, feed))
-    assert peak < 300 * 2**20, peak / 2**20
+    assert peak < bound, peak / 2**20
     rows = [0, 17, s - 1]
     want = sparse_attention_reference(qa[:, rows], ka, np.zeros((1, 0, 1, d)), idx[:, rows], scale=0.25)
     np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-5)
