@@ -623,6 +623,11 @@ class StageFiles:
         key: digest of everything the stage was exported from (reference, settings, tool version);
             a stage with the same key and matching files is not exported again.
         plan: the planner's figures for this stage (weights, cache, activations, total).
+        build: in the ``pipeline.json`` of a stage build, the stage's build folder (relative), whose
+            ``manifest.json`` describes its engine and ONNX Runtime artifact; None in an export.
+        device: the GPU index the stage runs on (a stage build assigns one per stage).
+        build_key: digest of the stage's files and the build settings; an unchanged stage whose
+            build folder still verifies is not built again.
     """
 
     index: int
@@ -639,11 +644,23 @@ class StageFiles:
     checkpoint_bytes: int
     key: str
     plan: dict[str, Any]
+    build: str | None = None
+    device: int | None = None
+    build_key: str | None = None
+
+    @property
+    def caches(self) -> list[str]:
+        """The decode caches the stage keeps: inputs ``past_X`` whose ``present_X`` it returns."""
+        produced = {t.name for t in self.outputs}
+        return [t.name for t in self.inputs if t.name.startswith("past_") and
+                "present_" + t.name[len("past_"):] in produced]
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {name: value for name, value in (("build", self.build), ("device", self.device),
+                                                 ("build_key", self.build_key)) if value is not None}
         return {
-            "index": self.index, "layers": list(self.layers), "embed": self.embed, "head": self.head,
-            "onnx": self.onnx, "data": self.data, "sha256": dict(self.sha256), "sizes": dict(self.sizes),
+            **extra, "caches": self.caches, "index": self.index, "layers": list(self.layers), "embed": self.embed,
+            "head": self.head, "onnx": self.onnx, "data": self.data, "sha256": dict(self.sha256), "sizes": dict(self.sizes),
             "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
             "weight_bytes": self.weight_bytes, "checkpoint_bytes": self.checkpoint_bytes, "key": self.key,
             "plan": dict(self.plan),
@@ -659,6 +676,9 @@ class StageFiles:
             outputs=[TensorSpec.from_dict(t) for t in data.get("outputs", [])],
             weight_bytes=int(data.get("weight_bytes", 0)), checkpoint_bytes=int(data.get("checkpoint_bytes", 0)),
             key=str(data.get("key", "")), plan=dict(data.get("plan", {})),
+            build=str(data["build"]) if data.get("build") is not None else None,
+            device=int(data["device"]) if data.get("device") is not None else None,
+            build_key=str(data["build_key"]) if data.get("build_key") is not None else None,
         )
 
 

@@ -1,0 +1,260 @@
+"""Token generation over a decode graph: prefill, then one token per step, caches kept by the stages.
+
+:func:`generate` drives a :class:`~dsa_export.runtime.pipeline.PipelineSession` (a stage export or
+stage build, local or on Ray, or one decode graph / build as a pipeline of one stage): the first
+call feeds the whole prompt with empty caches, every further call feeds the previous token; the
+stages keep their caches per slot (:meth:`PipelineSession.forward`). Greedy decoding (temperature
+0) takes the arg max of the last position's logits, as transformers' ``generate(do_sample=False)``
+does; with a temperature it samples from ``softmax(logits / T)`` restricted to the top-p nucleus,
+from a seeded generator. A sequence that produced an end-of-sequence id gets the pad id from then
+on, and generation stops when every sequence has ended (transformers' rule).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dsa_export.errors import DSAUsageError, DSAUserError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How tokens are chosen.
+
+    Attributes:
+        max_new_tokens: tokens to generate per sequence (fewer when every sequence ends first).
+        temperature: 0 = greedy; otherwise the softmax temperature.
+        top_p: nucleus sampling: sample among the most likely tokens whose probabilities add up
+            to ``top_p`` (1.0 = all).
+        seed: seed of the sampling generator (None: fresh entropy).
+        eos_token_ids: ids that end a sequence (empty: none does).
+        pad_token_id: what an ended sequence gets; default the first end-of-sequence id.
+        micro_batches: parts the batch is split into, so that pipeline stages overlap.
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise DSAUsageError(f"--max-new-tokens must be at least 1; got {self.max_new_tokens}.")
+        if self.temperature < 0:
+            raise DSAUsageError(f"--temperature must be 0 (greedy) or positive; got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise DSAUsageError(f"--top-p must be in (0, 1]; got {self.top_p}.")
+
+
+@dataclass
+class GenerationResult:
+    """The generated ids ``[B, n]`` and how long prefill and decode took."""
+
+    tokens: np.ndarray
+    prompt_tokens: int  # B * L
+    prefill_seconds: float
+    decode_seconds: float
+    steps: int  # calls after the prefill
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else float("inf")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        generated = self.tokens.shape[0] * self.steps
+        return generated / self.decode_seconds if self.decode_seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens.tolist(), "prompt_tokens": self.prompt_tokens,
+                "prefill_seconds": round(self.prefill_seconds, 6), "decode_seconds": round(self.decode_seconds, 6),
+                "decode_steps": self.steps, "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 3)}
+
+
+def choose_tokens(logits: np.ndarray, settings: SamplingSettings, rng: np.random.Generator) -> np.ndarray:
+    """``[B]`` next ids from ``[B, V]`` logits (greedy, or temperature + top-p sampling)."""
+    logits = logits.astype(np.float64)
+    if settings.temperature == 0:
+        return logits.argmax(axis=-1)
+    scaled = logits / settings.temperature
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if settings.top_p < 1:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        # Keep a token when the mass before it is below top_p (the most likely one always stays).
+        keep_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs < settings.top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    cumulative = np.cumsum(probs, axis=-1)
+    draws = rng.random((probs.shape[0], 1))
+    return np.minimum((cumulative < draws).sum(axis=-1), probs.shape[-1] - 1)
+
+
+def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = SamplingSettings(),
+             on_tokens: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
+    """Continue ``prompt_ids [B, L]`` (equal-length prompts) by up to ``settings.max_new_tokens``.
+
+    ``model`` is a :class:`~dsa_export.runtime.pipeline.PipelineSession` over decode graphs;
+    ``on_tokens`` gets each step's ``[B]`` ids as soon as they are chosen (for streaming).
+    """
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
+        raise DSAUserError(f"the prompt must be integer token ids of shape [batch, length]; got {prompt.dtype} "
+                           f"{list(prompt.shape)}.")
+    names = {spec.name for spec in model.step_inputs}
+    if "input_ids" not in names or not any(spec.name.startswith("past_") for spec in model.inputs):
+        raise DSAUserError("this model is not a decode graph (it has no input_ids or no past_* caches); export it "
+                           "with --graph decode.")
+    rng = np.random.default_rng(settings.seed)
+    batch = prompt.shape[0]
+    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
+    pad = settings.pad_token_id if settings.pad_token_id is not None else (int(eos[0]) if eos.size else 0)
+    slot = model.new_slot()
+    ids = prompt.astype(np.int64)
+    total = ids.shape[1]
+    finished = np.zeros(batch, dtype=bool)
+    generated: list[np.ndarray] = []
+    prefill_s = decode_s = 0.0
+    try:
+        for step in range(settings.max_new_tokens):
+            feeds = {"input_ids": ids, "attention_mask": np.ones((batch, total), dtype=np.int64)}
+            began = time.perf_counter()
+            logits = model.forward(feeds, slot, settings.micro_batches)["logits"]
+            elapsed = time.perf_counter() - began
+            if step == 0:
+                prefill_s = elapsed
+            else:
+                decode_s += elapsed
+            chosen = choose_tokens(logits[:, -1], settings, rng).astype(np.int64)
+            chosen = np.where(finished, pad, chosen)
+            generated.append(chosen)
+            if on_tokens is not None:
+                on_tokens(chosen)
+            if eos.size:
+                finished |= np.isin(chosen, eos)
+                if finished.all():
+                    break
+            ids = chosen[:, None]
+            total += 1
+    finally:
+        model.release(slot, settings.micro_batches)
+    return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(prompt.size),
+                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1)
+
+
+# -- what a build came from: the tokenizer and the end-of-sequence ids -----------------------------
+
+def checkpoint_dir(path: str | Path) -> Path | None:
+    """The Hugging Face directory a pipeline folder, build folder or .onnx was made from (None for
+    other models or when the recorded path is gone)."""
+    from dsa_export.export.exporter import META_SPEC
+    from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, read_manifest
+    from dsa_export.model_ref import ModelReference, from_metadata
+
+    path = Path(path)
+    reference = None
+    if path.is_dir() and (path / PIPELINE_NAME).is_file():
+        from dsa_export.manifest import read_pipeline
+
+        record = read_pipeline(path).model
+        if record:
+            reference = ModelReference.from_json(json.dumps(record)).absolute(path)
+    else:
+        onnx_path = path
+        if path.is_dir() and (path / MANIFEST_NAME).is_file():
+            onnx_path = read_manifest(path).artifact((read_manifest(path).data.get("model") or {}).get("onnx", ""))
+        if onnx_path.is_file() and onnx_path.suffix == ".onnx":
+            import onnx
+
+            meta = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
+            reference = from_metadata(meta.get(META_SPEC), onnx_path.resolve().parent)
+    if reference is None or reference.kind != "hf" or not Path(reference.path).is_dir():
+        return None
+    return Path(reference.path)
+
+
+def end_of_sequence(folder: Path | None) -> tuple[tuple[int, ...], int | None]:
+    """(eos ids, pad id) from the checkpoint's generation_config.json, else config.json."""
+    if folder is None:
+        return (), None
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            eos = data.get("eos_token_id")
+            if eos is None:
+                continue
+            ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+            pad = data.get("pad_token_id")
+            return ids, int(pad) if isinstance(pad, int) else None
+    return (), None
+
+
+def load_tokenizer(path: Path):
+    """The ``tokenizers`` tokenizer of ``tokenizer.json`` (a file or the folder holding it)."""
+    from dsa_export.errors import require
+
+    tokenizers = require("tokenizers", "Tokenizing --prompt")
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DSAUserError(f"{file} does not exist; pass --tokenizer FILE, or token ids with --input-ids FILE.npy.")
+    try:
+        return tokenizers.Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises a bare Exception on a bad file
+        raise DSAUserError(f"{file} is not a tokenizer.json the tokenizers library reads ({exc}).") from exc
+
+
+def read_input_ids(path: Path) -> np.ndarray:
+    """Token ids ``[B, L]`` from a .npy file."""
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DSAUserError(f"cannot read token ids from {path} ({exc}); pass a .npy of integer ids, shape [B, L].") from exc
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    if ids.ndim != 2 or ids.shape[1] < 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise DSAUserError(f"{path} holds {ids.dtype} of shape {list(ids.shape)}; pass integer ids of shape [B, L].")
+    return ids.astype(np.int64)
+
+
+class TextStream:
+    """Decodes each sequence's ids as they come and yields the new text (tokenizers decode whole
+    sequences better than single ids: byte-level pieces join up)."""
+
+    def __init__(self, tokenizer, batch: int):
+        self.tokenizer = tokenizer
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.text = [""] * batch
+
+    def push(self, chosen: Sequence[int]) -> list[str]:
+        out = []
+        for row, token in enumerate(chosen):
+            self.ids[row].append(int(token))
+            text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+                out.append("")
+                continue
+            out.append(text[len(self.text[row]):] if text.startswith(self.text[row]) else text)
+            self.text[row] = text
+        return out
+
+
+__all__ = ["GenerationResult", "SamplingSettings", "TextStream", "checkpoint_dir", "choose_tokens",
+           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids"]
