@@ -346,9 +346,31 @@ class Manifest:
     def opt_dims(self) -> dict[str, int]:
         return {name: opt for name, (_lo, opt, _hi) in self.profile_dims.items()}
 
+    @property
+    def profile_sets(self) -> list[dict[str, tuple[int, int, int]]]:
+        """Every optimization profile's dims (``profiles.all``; builds of one profile: ``dims``)."""
+        every = (self.data.get("profiles") or {}).get("all")
+        if isinstance(every, list) and every:
+            return [{name: tuple(values) for name, values in dims.items()} for dims in every]  # type: ignore[misc]
+        return [self.profile_dims]
+
     def check_shapes(self, shapes: dict[str, tuple[int, ...]], what: str = "the engine") -> None:
-        """DSAUserError naming the first input whose shape falls outside the optimization profile."""
-        check_shapes(self.inputs, self.profile_dims, shapes, what)
+        """DSAUserError naming the first input whose shape falls outside the optimization profile
+        (with several profiles: the shapes must fit one of them)."""
+        profiles = self.profile_sets
+        errors = []
+        for dims in profiles:
+            try:
+                check_shapes(self.inputs, dims, shapes, what)
+                return
+            except DSAUserError as exc:
+                errors.append(str(exc))
+        if len(profiles) == 1:
+            raise DSAUserError(errors[0])
+        ranges = "; ".join(f"profile {i}: " + ", ".join(f"{name} {lo}..{hi}" for name, (lo, _opt, hi) in dims.items())
+                           for i, dims in enumerate(profiles))
+        raise DSAUserError(f"the input shapes fit none of the {len(profiles)} optimization profiles of {what} "
+                           f"({ranges}); for profile 0: {errors[0]}")
 
 
 def _field_error(path: Path, field: str, value: object, wanted: str) -> DSAUserError:

@@ -357,8 +357,17 @@ class _Pipeline:
                 from dsa_export.manifest import verify_recorded_onnx
 
                 verify_recorded_onnx(src)
-                with atomic_output(onnx_path) as tmp:
-                    shutil.copyfile(src, tmp)
+                from dsa_export.export.exporter import relocate_reference
+
+                copied = onnx.load(str(src), load_external_data=False)
+                if relocate_reference(copied, src.resolve().parent, s.output.resolve()):
+                    # The recorded reference path is relative to the file's folder: re-base it on
+                    # the build folder, or validation would look for the checkpoint elsewhere.
+                    with atomic_output(onnx_path) as tmp:
+                        onnx.save(copied, str(tmp))
+                else:
+                    with atomic_output(onnx_path) as tmp:
+                        shutil.copyfile(src, tmp)
                 state["source"] = str(src.resolve())
                 return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}"
             from dsa_export.export import ExportSettings, export_model, save_model

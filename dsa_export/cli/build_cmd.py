@@ -37,18 +37,37 @@ from dsa_export.cli.options import RTX_TARGET, check_outputs, emit_report, json_
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch validation stage.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUTPUT folder that holds no previous build.")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="GPU index to check and build for.")
+@click.option("--stages", default=None, metavar="AUTO|N",
+              help="Build a Hugging Face checkpoint as pipeline stages (decode graphs, one build folder per stage, "
+                   "pipeline.json in -o); a stage export folder given as MODEL is built as its stages.")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages auto: memory of one GPU, e.g. 141GiB.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="With stages: GPUs to spread the stages over (stage i on GPU i mod N; default: the GPUs here).")
+@click.option("--devices", default=None, metavar="I,J,...", help="With stages: the GPU of each stage, in order.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With stages: largest batch of the prefill and decode profiles.")
+@click.option("--max-seq", type=click.IntRange(min=2), default=512, show_default=True,
+              help="With stages: largest prompt + generated length of the profiles.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="With stages: build each stage as a Ray task on a node with its own GPU (needs dsa-export[ray]).")
 @json_options
 def command(model: str | None, output: Path, precision: str | None, backend: str, min_shapes: str | None,
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
             version_compatible: bool, hardware_compatibility: str, optimization_level: int,
             rtx_targets: tuple[str, ...], calibration_data: str | None, skip_checks: bool, no_validate: bool,
-            force: bool, device: int, as_json: bool, json_out: Path | None) -> None:
+            force: bool, device: int, stages: str | None, gpu_memory: str | None, gpus: int | None,
+            devices: str | None, max_batch: int, max_seq: int, ray_address: str | None, as_json: bool,
+            json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
     MODEL is what `dsa-export export` takes, or an exported .onnx (the export stage is then skipped;
     a Python factory the file records is not run, so the validate stage is skipped for it).
     Stages: export -> validate -> calibrate (int8/fp8) -> check -> engine. Everything lands in OUTPUT
     at once at the end; a failure, Ctrl-C or SIGTERM leaves OUTPUT as it was (exit 130 on a signal).
+
+    With --stages (or a stage export folder as MODEL) the model is built as pipeline stages: one
+    build folder per stage (prefill and decode profiles, one shared timing cache) and
+    OUTPUT/pipeline.json; each stage lands whole, and a stage that did not change is kept.
     """
     from dsa_export.build import BuildSettings, build, parse_shape_ranges
 
@@ -61,8 +80,47 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
         rtx_targets=tuple(rtx_targets) or None, skip_checks=skip_checks,
         validate=not no_validate, calibration_data=calibration_data, force=force, device=device,
     )
+    staged = stages is not None or (model is not None and (Path(model) / "pipeline.json").is_file())
+    if not staged and any(v is not None for v in (gpu_memory, gpus, devices, ray_address)):
+        raise click.UsageError("--gpu-memory, --gpus, --devices and --ray apply to stage builds; add --stages.")
+    if staged:
+        _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
+                      as_json, json_out)
+        return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
     result = build(settings, log=lambda line: click.echo(line, err=True))
     say(result.summary_table(), as_json)
     emit_report({"output": str(result.output), "seconds": round(result.seconds, 2),
                  "stages": [vars(stage) for stage in result.stages], "manifest": result.manifest}, as_json, json_out)
+
+
+def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
+                  as_json, json_out) -> None:
+    import time
+
+    from dsa_export.build.stage_build import build_stages, stage_build_table
+
+    if model is None:
+        raise click.UsageError("a stage build needs MODEL: a Hugging Face checkpoint directory or a stage export folder.")
+    count: str | int | None = stages
+    if stages is not None and stages != "auto":
+        if not stages.isdigit() or int(stages) < 1:
+            raise click.BadParameter(f"{stages!r} is neither auto nor a stage count.", param_hint="--stages")
+        count = int(stages)
+    device_list = None
+    if devices is not None:
+        try:
+            device_list = [int(d) for d in devices.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"{devices!r} is not a comma-separated list of GPU indices.",
+                                     param_hint="--devices") from None
+    began = time.perf_counter()
+    pipeline, outcomes = build_stages(model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus,
+                                      max_batch=max_batch, max_seq=max_seq, devices=device_list, ray=ray_address,
+                                      dtype=settings.precision if settings.precision in ("fp32", "fp16", "bf16") else None,
+                                      say=lambda line: click.echo(line, err=True))
+    seconds = time.perf_counter() - began
+    say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "
+        f"{output / 'pipeline.json'}.", as_json)
+    emit_report({"output": str(output), "seconds": round(seconds, 2), "stages": [vars(o) for o in outcomes],
+                 "pipeline": pipeline.to_dict()}, as_json, json_out)

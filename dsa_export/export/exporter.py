@@ -228,6 +228,21 @@ def _set_metadata(model: onnx.ModelProto, source: ModelSource, settings: ExportS
     model.doc_string = f"Exported by dsa-export {__version__} from {source.spec} ({settings.ops} ops)."
 
 
+def relocate_reference(model: onnx.ModelProto, source: Path, folder: Path) -> bool:
+    """Re-base a reference path recorded relative to ``source`` (the file's folder) on ``folder``,
+    where a copy of the file goes; returns whether there was one to move."""
+    from dsa_export.model_ref import ModelReference
+
+    moved = False
+    for prop in model.metadata_props:
+        if prop.key == META_SPEC and prop.value.lstrip().startswith("{"):
+            reference = ModelReference.from_json(prop.value)
+            if reference.relative:
+                prop.value = reference.absolute(source).relative_to(folder).to_json()
+                moved = True
+    return moved
+
+
 def _relocate_reference(model: onnx.ModelProto, folder: Path) -> None:
     """Make the recorded reference's path relative to ``folder`` (the file's final directory)."""
     from dsa_export.model_ref import ModelReference

@@ -269,7 +269,13 @@ class PipelineSession(Session):
 
     # -- running ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def share(feeds: dict[str, np.ndarray]) -> Any:
+        """How one step's inputs reach every stage (Ray: one object-store copy)."""
+        return feeds
+
     def _submit(self, feeds: dict[str, np.ndarray], slot: str | None) -> list[Any]:
+        feeds = self.share(feeds)
         pending: list[Any] = []
         for handle, (sources, _links) in zip(self.handles, self.wiring):
             pending.append(handle.submit(feeds, slot, [pending[i] for i in sources]))
