@@ -162,7 +162,10 @@ def test_accepts_a_two_stage_pipeline_on_two_gpus(checker, tmp_path):
 
 
 def test_default_device_is_the_stage_index_modulo_the_gpu_count(checker, tmp_path):
-    good_pipeline(tmp_path, n=3)
+    path = good_pipeline(tmp_path, n=3)
+    data = json.loads(path.read_text())
+    data["stages"][2]["device"] = None  # as a missing "device"
+    path.write_text(json.dumps(data))
     result = check(checker, tmp_path, "--devices", "2")
     assert result.returncode == 0, result.stderr
     assert "stage 0 (stage_00) on GPU 0" in result.stdout
@@ -179,6 +182,29 @@ def test_glm_topk_link_and_dim_override(checker, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "input  prev_topk_indices [1, 200, 16] int32 <- stage 0.topk_indices" in result.stdout
     assert "same GPU, no copy" in result.stdout
+
+
+def test_reads_the_pipeline_json_dsa_export_writes(checker, tmp_path):
+    """pipeline.json written by dsa_export.manifest (the schema the stage build uses), not by hand."""
+    from dsa_export.manifest import Pipeline, StageFiles, StageLink, TensorSpec
+
+    stages = []
+    for i in range(2):
+        folder = write_stage(tmp_path, i, first=i == 0, last=i == 1)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        stages.append(StageFiles(
+            index=i, layers=(i, i + 1), embed=i == 0, head=i == 1, onnx=f"export/stage_{i:02d}/model.onnx", data=None,
+            sha256={}, sizes={}, inputs=[TensorSpec.from_dict(t) for t in manifest["inputs"]],
+            outputs=[TensorSpec.from_dict(t) for t in manifest["outputs"]], weight_bytes=0, checkpoint_bytes=0,
+            key="k", plan={}, build=folder.name, device=1 - i, build_key="b"))
+    links = [StageLink(0, 1, "hidden_states_out", "hidden_states")]
+    pipeline = Pipeline(model={}, model_type="deepseek_v32", num_layers=2, graph="prefill", settings={}, plan={},
+                        stages=stages, links=links, tool_version="test")
+    (tmp_path / "pipeline.json").write_text(json.dumps(pipeline.to_dict()), encoding="utf-8")
+    result = check(checker, tmp_path, "--devices", "2")
+    assert result.returncode == 0, result.stderr
+    assert "stage 0 (stage_00) on GPU 1" in result.stdout and "stage 1 (stage_01) on GPU 0" in result.stdout
+    assert "link 0.hidden_states_out -> 1.hidden_states: GPU 1 -> GPU 0" in result.stdout
 
 
 def test_single_build_folder_manifest_and_engine_path(checker, tmp_path):

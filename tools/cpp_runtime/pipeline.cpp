@@ -349,14 +349,16 @@ Plan readPipeline(std::string const& path, PlanOptions const& options)
             throw UserError(path + " lists stage " + std::to_string(stage.index) + " at position " + std::to_string(position)
                 + "; stages must be listed in order 0, 1, 2, ...; " + fix + ".");
         }
-        std::string const build = entry.has("build") ? (entry["build"].isString() ? entry["build"].string : std::string())
-                                                     : stageFolderName(stage.index);
-        if (entry.has("build") && !entry["build"].isString())
+        // Absent or null (as manifest.StageFiles writes None): the defaults.
+        bool const hasBuild = entry.has("build") && !entry["build"].isNull();
+        std::string const build = hasBuild ? (entry["build"].isString() ? entry["build"].string : std::string())
+                                           : stageFolderName(stage.index);
+        if (hasBuild && !entry["build"].isString())
         {
             fieldError(path, at + ".build", entry["build"], "a folder name", fix);
         }
         stage.label = "stage " + std::to_string(stage.index) + " (" + build + ")";
-        if (entry.has("device"))
+        if (entry.has("device") && !entry["device"].isNull())
         {
             int64_t const device = integer(entry["device"], path, at + ".device", fix);
             if (device < 0)
