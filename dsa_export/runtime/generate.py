@@ -235,25 +235,34 @@ def read_input_ids(path: Path) -> np.ndarray:
 
 
 class TextStream:
-    """Decodes each sequence's ids as they come and yields the new text (tokenizers decode whole
-    sequences better than single ids: byte-level pieces join up)."""
+    """Decodes each sequence's ids as they come and returns the new text. The prompt is decoded
+    with them (tokenizers decode whole sequences better than pieces: byte-level pieces join up,
+    and the space before the first new word is the decoder's to place)."""
 
-    def __init__(self, tokenizer, batch: int):
+    def __init__(self, tokenizer, prompt_ids: np.ndarray):
         self.tokenizer = tokenizer
-        self.ids: list[list[int]] = [[] for _ in range(batch)]
-        self.text = [""] * batch
+        self.ids: list[list[int]] = [list(map(int, row)) for row in prompt_ids]
+        self.prompt = [self._decode(row) for row in self.ids]
+        self.seen = list(self.prompt)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, chosen: Sequence[int]) -> list[str]:
         out = []
         for row, token in enumerate(chosen):
             self.ids[row].append(int(token))
-            text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+            text = self._decode(self.ids[row])
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
                 out.append("")
                 continue
-            out.append(text[len(self.text[row]):] if text.startswith(self.text[row]) else text)
-            self.text[row] = text
+            out.append(text[len(self.seen[row]):] if text.startswith(self.seen[row]) else text)
+            self.seen[row] = text
         return out
+
+    def generated(self, row: int = 0) -> str:
+        """The text after the prompt so far."""
+        return self.seen[row][len(self.prompt[row]):]
 
 
 __all__ = ["GenerationResult", "SamplingSettings", "TextStream", "checkpoint_dir", "choose_tokens",

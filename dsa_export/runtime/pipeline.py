@@ -227,7 +227,10 @@ class PipelineSession(Session):
             last = stage.index == pipeline.stages[-1].index
             outputs += [spec for spec in stage.outputs if spec.name.startswith(PRESENT)
                         or (last and (stage.index, spec.name) not in produced)]
-        notes = [f"stage {d['stage']}: {d['runtime']} on {d['device']}" for d in (h.describe() for h in handles)]
+        notes = []
+        for described in (handle.describe() for handle in handles):
+            notes.append(f"stage {described['stage']}: {described['runtime']} on {described['device']}")
+            notes += [f"stage {described['stage']}: {note}" for note in described["notes"]]
         super().__init__(kind=kind, inputs=list(inputs.values()), outputs=outputs, notes=notes)
         self.step_inputs = [spec for spec in self.inputs if not spec.name.startswith(PAST)]
         self._slots = 0

@@ -1,0 +1,114 @@
+"""``dsa-export generate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dsa_export.cli.options import check_outputs, emit_report, json_options
+from dsa_export.runtime.session import RUNTIME_CHOICES
+
+
+@click.command(name="generate")
+@click.argument("model_dir", metavar="DIR", type=click.Path(exists=True, path_type=Path))
+@click.option("--prompt", default=None, help="Text to continue (tokenized with the checkpoint's tokenizer.json).")
+@click.option("--input-ids", "input_ids", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Token ids to continue instead of --prompt: a .npy of integers, shape [B, L] (or [L]).")
+@click.option("--tokenizer", type=click.Path(exists=True, path_type=Path), default=None,
+              help="tokenizer.json (or its folder); default: the one of the checkpoint the build came from.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0: greedy (transformers' do_sample=False); otherwise sample from softmax(logits / T).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="With --temperature: sample among the most likely tokens whose probabilities add up to P.")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling (default: fresh).")
+@click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default="auto", show_default=True,
+              help="auto: each stage's engine where it can run here, else its ONNX Runtime artifact.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Run each stage in a Ray actor (one GPU each where the cluster has GPUs); needs dsa-export[ray].")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Split the batch into parts that flow through the stages one after the other (stages overlap).")
+@click.option("--no-verify", is_flag=True, help="Open the files without checking their recorded sizes and sha256.")
+@json_options
+def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokenizer: Path | None, max_new_tokens: int,
+            temperature: float, top_p: float, seed: int | None, runtime: str, ray_address: str | None,
+            micro_batches: int, no_verify: bool, as_json: bool, json_out: Path | None) -> None:
+    """Generate tokens from DIR: a stage build or stage export (pipeline.json), a build folder or a
+    decode-graph .onnx.
+
+    Prefill feeds the prompt with empty caches, then decode feeds one token per step; each stage
+    keeps its own caches. Tokens are printed as they come (text with --prompt, ids with
+    --input-ids); prefill and decode tokens/s go to stderr. --json prints the generated ids and the
+    timings as one JSON object on stdout instead.
+    """
+    import numpy as np
+
+    from dsa_export.runtime import generate as gen
+
+    if (prompt is None) == (input_ids is None):
+        raise click.UsageError("give the prompt as --prompt TEXT or --input-ids FILE.npy (one of them).")
+    if temperature == 0 and (top_p != 1.0 or seed is not None):
+        raise click.UsageError("--top-p and --seed apply to sampling; add --temperature T (> 0).")
+    check_outputs((json_out, "--json-out"))
+    checkpoint = gen.checkpoint_dir(model_dir)
+    text_stream = None
+    if prompt is not None:
+        if tokenizer is None and checkpoint is None:
+            raise click.UsageError(f"{model_dir} records no Hugging Face checkpoint to take a tokenizer from; pass "
+                                   "--tokenizer FILE or token ids with --input-ids.")
+        tok = gen.load_tokenizer(tokenizer or checkpoint)  # type: ignore[arg-type]
+        ids = np.asarray([tok.encode(prompt).ids], dtype=np.int64)
+        if ids.shape[1] == 0:
+            raise click.UsageError("--prompt encodes to no tokens; give some text.")
+        text_stream = gen.TextStream(tok, ids)
+    else:
+        ids = gen.read_input_ids(input_ids)  # type: ignore[arg-type]
+    eos, pad = gen.end_of_sequence(checkpoint)
+    settings = gen.SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                    eos_token_ids=eos, pad_token_id=pad, micro_batches=micro_batches)
+    model = _open(model_dir, runtime, ray_address, not no_verify)
+    try:
+        for note in model.notes:
+            click.echo(note, err=True)
+
+        def stream(chosen) -> None:
+            if as_json:
+                return
+            if text_stream is not None:
+                click.echo(text_stream.push(chosen)[0], nl=False)
+            else:
+                click.echo(" ".join(str(int(t)) for t in chosen))
+
+        if text_stream is not None and not as_json:
+            click.echo(prompt, nl=False)
+        result = gen.generate(model, ids, settings, on_tokens=stream)
+    finally:
+        model.close()
+    if text_stream is not None and not as_json:
+        click.echo()
+    batch = result.tokens.shape[0]
+    timing = (f"prefill: {result.prompt_tokens} tokens in {result.prefill_seconds:.3f} s "
+              f"({result.prefill_tokens_per_s:.1f} tokens/s); decode: {batch * result.steps} tokens in "
+              f"{result.decode_seconds:.3f} s ({result.decode_tokens_per_s:.1f} tokens/s)")
+    click.echo(timing, err=True)
+    report = {"model": str(model_dir), "runtime": model.kind, "prompt_ids": ids.tolist(), **result.to_dict()}
+    if text_stream is not None:
+        report["text"] = text_stream.generated()
+    emit_report(report, as_json, json_out)
+
+
+def _open(model_dir: Path, runtime: str, ray_address: str | None, verify: bool):
+    from dsa_export.runtime.pipeline import PipelineSession, is_pipeline
+
+    if is_pipeline(model_dir):
+        if ray_address is not None:
+            from dsa_export.runtime.ray_pipeline import open_on_ray
+
+            return open_on_ray(model_dir, ray_address, runtime, verify=verify)
+        return PipelineSession.open(model_dir, runtime, verify=verify)
+    if ray_address is not None:
+        raise click.UsageError(f"--ray runs pipeline stages; {model_dir} is one model (no pipeline.json).")
+    from dsa_export.runtime import load
+
+    return PipelineSession.of_session(load(model_dir, runtime, verify=verify))

@@ -1,0 +1,327 @@
+"""Pipeline stages: stage builds, the local pipeline, Ray actors, micro-batch overlap, generation.
+
+The oracle is transformers: a 4-layer tiny DeepSeek-V3.2 built as 2 stages and a 4-layer GLM-5
+built as 3 (layer 3 reuses layer 2's top-k selection, handed across the stage boundary) must
+generate exactly what ``generate(do_sample=False)`` does, locally and on a local Ray cluster.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import threading
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from dsa_export.cli.main import main
+from dsa_export.errors import DSAUserError
+from dsa_export.manifest import TensorSpec
+from dsa_export.runtime.generate import SamplingSettings, choose_tokens, generate
+from dsa_export.runtime.pipeline import LocalStage, PipelineSession, ThreadStage
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+NEW_TOKENS = 24
+
+
+@dataclass
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def _cli(*args) -> Ran:
+    """``dsa-export ARGS`` in this process, with the exit code the command line would give."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def _hf_greedy(checkpoint, prompt: np.ndarray) -> np.ndarray:
+    import torch
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    ids = torch.from_numpy(prompt)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[:, prompt.shape[1]:].numpy()
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """{kind: (checkpoint, stage build folder, stages)}: built once through the CLI."""
+    from tests.hf.conftest import make_checkpoint
+
+    root = tmp_path_factory.mktemp("stages")
+    made = {}
+    for kind, stages, extra in (("deepseek_v32", 2, []), ("glm_moe_dsa", 3, ["--no-validate"])):
+        checkpoint = make_checkpoint(root, kind, layers=4, index_topk=8)
+        out = root / f"{kind}-build"
+        result = _cli(*["build", str(checkpoint), "--stages", str(stages), "--max-batch", "2",
+                                          "--max-seq", "64", "-o", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        made[kind] = (checkpoint, out, stages)
+    return made
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _prompt(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 128, (2, 7)).astype(np.int64)
+
+
+def test_stage_build_records_every_stage(builds):
+    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    data = json.loads((out / "pipeline.json").read_text())
+    assert [s["build"] for s in data["stages"]] == [f"stage_{i:02d}" for i in range(stages)]
+    assert all(s["build_key"] and s["caches"] for s in data["stages"])
+    assert {(l["output"], l["input"]) for l in data["links"]} == {("hidden_states_out", "hidden_states"),
+                                                                  ("topk_indices", "prev_topk_indices")}
+    manifest = json.loads((out / "stage_00" / "manifest.json").read_text())
+    # Two profiles: the whole prompt without a past, and one token with a past.
+    assert [p["past_sequence"] for p in manifest["profiles"]["all"]] == [[0, 0, 0], [1, 63, 63]]
+    assert (out / "timing.cache").exists() or manifest.get("engine", {}).get("backend") != "tensorrt"
+
+
+def test_unchanged_stages_are_kept(builds):
+    _checkpoint, out, _stages = builds["deepseek_v32"]
+    result = _cli(*["build", str(out / "export"), "--max-batch", "2", "--max-seq", "64",
+                                      "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [s["status"] for s in report["stages"]] == ["kept", "kept"]
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_generate_over_the_local_pipeline_matches_transformers(builds, kind, tmp_path):
+    checkpoint, out, _stages = builds[kind]
+    prompt = _prompt()
+    np.save(tmp_path / "ids.npy", prompt)
+    result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "ids.npy"),
+                                      "--max-new-tokens", str(NEW_TOKENS), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    np.testing.assert_array_equal(np.asarray(report["tokens"]), _hf_greedy(checkpoint, prompt))
+    assert report["decode_tokens_per_s"] > 0 and report["prefill_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_generate_over_ray_matches_transformers(builds, ray_cluster, kind, tmp_path):
+    checkpoint, out, _stages = builds[kind]
+    prompt = _prompt(1)
+    np.save(tmp_path / "ids.npy", prompt)
+    result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "ids.npy"), "--ray", "auto",
+                                      "--max-new-tokens", str(NEW_TOKENS), "--micro-batches", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(np.asarray(json.loads(result.stdout)["tokens"]), _hf_greedy(checkpoint, prompt))
+
+
+def _full_feeds(session: PipelineSession, prompt: np.ndarray) -> dict[str, np.ndarray]:
+    feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
+    for spec in session.inputs:
+        if spec.name.startswith("past_"):
+            feeds[spec.name] = np.zeros((prompt.shape[0], 0, spec.shape[2]), np.float32)
+    return feeds
+
+
+def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
+    from dsa_export.runtime.ray_pipeline import open_on_ray
+
+    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    local, remote = PipelineSession.open(out), open_on_ray(out)
+    try:
+        feeds = _full_feeds(local, _prompt(2))
+        want = local.run(feeds)
+        got = remote.run(feeds)
+        assert sorted(got) == sorted(want) and "logits" in got
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+        np.testing.assert_array_equal(local.run_microbatches(feeds, 2)["logits"], want["logits"])
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_a_killed_stage_actor_is_one_clear_error(builds, ray_cluster):
+    from dsa_export.runtime.ray_pipeline import open_on_ray
+
+    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    remote = open_on_ray(out, timeout=60)
+    try:
+        prompt = _prompt()
+        step = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
+        slot = remote.new_slot()
+        remote.forward(step, slot)
+        ray_cluster.kill(remote.handles[1].actor)
+        began = time.perf_counter()
+        with pytest.raises(DSAUserError, match=r"^stage 1's Ray actor died because it was killed"):
+            remote.forward({"input_ids": prompt[:, :1], "attention_mask": np.ones((2, 8), np.int64)}, slot)
+        assert time.perf_counter() - began < 30
+    finally:
+        remote.close()
+
+
+class _Sleeper:
+    """A stage that takes ``seconds`` per call and adds one to its input (a test double)."""
+
+    kind = "sleeper"
+    notes: list = []
+
+    def __init__(self, seconds: float, first: bool):
+        self.seconds = seconds
+        self.inputs = [TensorSpec("x" if first else "h", "float32", ("batch", 4))]
+        self.outputs = [TensorSpec("h" if first else "y", "float32", ("batch", 4))]
+        self.calls = 0
+        self.busy = threading.Lock()
+
+    def run(self, feeds):
+        assert self.busy.acquire(blocking=False), "a stage ran two calls at once"
+        try:
+            time.sleep(self.seconds)
+            self.calls += 1
+            (value,) = feeds.values()
+            return {self.outputs[0].name: value + 1}
+        finally:
+            self.busy.release()
+
+    def close(self):
+        pass
+
+
+def _sleeper_pipeline(seconds: float) -> PipelineSession:
+    from dsa_export.manifest import Pipeline, StageFiles, StageLink
+
+    stages = [_Sleeper(seconds, True), _Sleeper(seconds, False)]
+    files = [StageFiles(index=i, layers=(i, i + 1), embed=i == 0, head=i == 1, onnx="", data=None, sha256={}, sizes={},
+                        inputs=s.inputs, outputs=s.outputs, weight_bytes=0, checkpoint_bytes=0, key="", plan={})
+             for i, s in enumerate(stages)]
+    pipeline = Pipeline(model={}, model_type="", num_layers=2, graph="prefill", settings={}, plan={}, stages=files,
+                        links=[StageLink(0, 1, "h", "h")], tool_version="")
+    from dsa_export.runtime.pipeline import InLink
+
+    handles = [ThreadStage(LocalStage(0, stages[0], [], "host")),
+               ThreadStage(LocalStage(1, stages[1], [InLink(0, "h", "h")], "host"))]
+    return PipelineSession(pipeline, handles, "sleepers")
+
+
+def test_micro_batches_overlap_the_stages():
+    seconds = 0.15
+    session = _sleeper_pipeline(seconds)
+    try:
+        x = np.arange(16, dtype=np.float32).reshape(4, 4)
+        began = time.perf_counter()
+        serial = [session.run({"x": x[i:i + 1]})["y"] for i in range(4)]
+        serial_s = time.perf_counter() - began
+        began = time.perf_counter()
+        overlapped = session.run_microbatches({"x": x}, 4)["y"]
+        overlapped_s = time.perf_counter() - began
+    finally:
+        session.close()
+    np.testing.assert_array_equal(overlapped, np.concatenate(serial))
+    np.testing.assert_array_equal(overlapped, x + 2)
+    # 4 micro-batches over 2 stages: (4 + 1) / 8 of the serial time when the stages overlap.
+    assert serial_s >= 8 * seconds
+    assert overlapped_s / serial_s < 0.75, (overlapped_s, serial_s)
+    assert overlapped_s >= 5 * seconds
+
+
+def test_missing_stage_build_is_one_clear_error(builds, tmp_path):
+    _checkpoint, out, _stages = builds["deepseek_v32"]
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "stage_01")
+    np.save(tmp_path / "ids.npy", _prompt())
+    result = _cli(*["generate", str(copy), "--input-ids", str(tmp_path / "ids.npy")])
+    assert result.exit_code == 1
+    assert "stage 1 (layers 2:4): its build folder" in result.output and "Traceback" not in result.output
+
+
+def test_generate_streams_text_with_a_tokenizer(builds, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(128)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(tmp_path / "tokenizer.json"))
+    checkpoint, out, _stages = builds["deepseek_v32"]
+    prompt = "w5 w17 w3 w99"
+    result = _cli(*["generate", str(out), "--prompt", prompt, "--tokenizer",
+                                      str(tmp_path / "tokenizer.json"), "--max-new-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    want = _hf_greedy(checkpoint, np.array([[5, 17, 3, 99]]))[0, :6]
+    assert result.stdout.startswith(prompt + " " + " ".join(f"w{i}" for i in want))
+    assert "decode:" in result.stderr and "tokens/s" in result.stderr
+
+
+def test_generate_usage_errors(builds, tmp_path):
+    _checkpoint, out, _stages = builds["deepseek_v32"]
+    assert _cli("generate", out).exit_code == 2
+    result = _cli(*["generate", str(out), "--prompt", "hi"])
+    assert result.exit_code == 1 and "tokenizer.json does not exist" in result.output
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3), np.float32))
+    result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "bad.npy")])
+    assert result.exit_code == 1 and "integer ids" in result.output
+    result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "bad.npy"), "--top-p", "0.5"])
+    assert result.exit_code == 2
+
+
+def test_sampling_is_seeded_and_respects_top_p():
+    rng_logits = np.random.default_rng(0).standard_normal((3, 50))
+    greedy = choose_tokens(rng_logits, SamplingSettings(), np.random.default_rng(0))
+    np.testing.assert_array_equal(greedy, rng_logits.argmax(-1))
+    # A nucleus too small for a second token leaves only the arg max.
+    tight = SamplingSettings(temperature=1.0, top_p=1e-6)
+    np.testing.assert_array_equal(choose_tokens(rng_logits, tight, np.random.default_rng(5)), greedy)
+    loose = SamplingSettings(temperature=2.0, top_p=0.9)
+    a = [choose_tokens(rng_logits, loose, np.random.default_rng(7)) for _ in range(2)]
+    np.testing.assert_array_equal(a[0], a[1])
+    draws = np.stack([choose_tokens(rng_logits, loose, np.random.default_rng(s)) for s in range(200)])
+    assert len(np.unique(draws[:, 0])) > 3  # it does sample
+
+
+def test_generate_stops_when_every_sequence_ended():
+    class Fixed:
+        """A one-stage decode model whose next token is always 3 (a test double)."""
+
+        kind, notes = "fixed", []
+        inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
+                  TensorSpec("attention_mask", "int64", ("batch", "total_sequence")),
+                  TensorSpec("past_k", "float32", ("batch", "past_sequence", 2))]
+        outputs = [TensorSpec("logits", "float32", ("batch", "sequence", 5)),
+                   TensorSpec("present_k", "float32", ("batch", "total_sequence", 2))]
+
+        def run(self, feeds):
+            b, s = feeds["input_ids"].shape
+            logits = np.zeros((b, s, 5), np.float32)
+            logits[..., 3] = 1
+            return {"logits": logits, "present_k": np.concatenate([feeds["past_k"], np.zeros((b, s, 2))], 1)}
+
+        def close(self):
+            pass
+
+    model = PipelineSession.of_session(Fixed())
+    result = generate(model, np.zeros((2, 4), np.int64), SamplingSettings(max_new_tokens=10, eos_token_ids=(3,)))
+    assert result.tokens.tolist() == [[3], [3]]
+    result = generate(model, np.zeros((2, 4), np.int64), SamplingSettings(max_new_tokens=5))
+    assert result.tokens.shape == (2, 5) and result.steps == 4
