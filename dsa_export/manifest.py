@@ -132,6 +132,19 @@ def user_cache_file() -> Path:
 USER_CACHE_ENTRIES = 2000
 
 
+def known_digest(folder: str | os.PathLike[str], relative: str) -> str | None:
+    """The sha256 the folder's own cache holds for ``relative``, if the file is unchanged since."""
+    folder = Path(folder)
+    entry = _read_json(folder / VERIFY_CACHE_NAME).get(relative)
+    try:
+        current = _cache_key(os.stat(folder / relative))
+    except OSError:
+        return None
+    if isinstance(entry, dict) and entry.get("key") == current and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    return None
+
+
 def remember_hashes(folder: str | os.PathLike[str], hashes: dict[str, str]) -> None:
     """Record ``{relative: sha256}`` of files just written in the folder's own cache (the build does
     this, so the first run hashes nothing)."""
@@ -800,6 +813,27 @@ def verify_engine(engine: str | os.PathLike[str], *, enabled: bool = True) -> li
     return read_manifest(path.parent).verify([path])
 
 
+def recorded_digests(path: str | os.PathLike[str]) -> dict[Path, str]:
+    """``{absolute file: sha256}`` of an .onnx and its external data, from the ``manifest.json``
+    beside it or the ``pipeline.json`` one or two folders up that lists it (empty if none)."""
+    path = Path(path).resolve()
+    manifest_path = path.parent / MANIFEST_NAME
+    if manifest_path.is_file():
+        with contextlib.suppress(DSAUserError):
+            manifest = read_manifest(manifest_path)
+            if manifest.relative(path) in manifest.files:
+                return {(manifest.folder / name).resolve(): record["sha256"] for name, record in manifest.files.items()
+                        if isinstance(record, dict) and isinstance(record.get("sha256"), str)}
+    for folder in (path.parent, path.parent.parent):
+        if (folder / PIPELINE_NAME).is_file():
+            with contextlib.suppress(DSAUserError):
+                relative = Path(os.path.relpath(path, folder)).as_posix()
+                for stage in read_pipeline(folder).stages:
+                    if stage.onnx == relative:
+                        return {(folder / name).resolve(): digest for name, digest in stage.sha256.items()}
+    return {}
+
+
 def verify_recorded_onnx(path: str | os.PathLike[str], *, enabled: bool = True) -> str | None:
     """Verify an .onnx the user names when it belongs to a build folder (listed in the
     ``manifest.json`` beside it) or to a pipeline (a stage of the ``pipeline.json`` one or two
@@ -843,6 +877,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "VALIDATION_NAME",
     "Manifest",
+    "known_digest",
+    "recorded_digests",
     "Pipeline",
     "StageFiles",
     "StageLink",

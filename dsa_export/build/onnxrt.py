@@ -57,6 +57,10 @@ def tensorrt_ep_options(
     return options
 
 
+class _NotSaved(Exception):
+    """The optimized model is deliberately not written."""
+
+
 def write_artifact(
     folder: Path,
     onnx_path: Path,
@@ -79,7 +83,16 @@ def write_artifact(
     notes: list[str] = []
     optimized: str | None = ORT_MODEL_NAME
     level = OPTIMIZATION_LEVELS[optimization]
+    from dsa_export.runtime.onnxrt import external_data_bytes
+
+    weights = external_data_bytes(onnx_path)
     try:
+        if weights:
+            # The saved model would name the external data relative to the wrong folder or copy the
+            # weights (ONNX Runtime writes models over 2 GB only with a second external-data
+            # file): a stage of a large model is optimized at load time instead.
+            raise _NotSaved(f"the weights stay in the {weights / 2**30:.2f} GiB of external data of "
+                            f"{onnx_path.name}")
         with atomic_output(ort_dir / ORT_MODEL_NAME) as tmp:
             options = ort.SessionOptions()
             options.log_severity_level = quiet.ort_severity()
@@ -88,6 +101,10 @@ def write_artifact(
             ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise RuntimeError("no optimized model was written")
+    except _NotSaved as exc:
+        optimized = None
+        notes.append(f"No optimized model was saved ({exc}); the CPU and CUDA chains load ../{onnx_path.name} "
+                     "and optimize it at load time.")
     except Exception as exc:  # ONNX Runtime cannot always serialize what it optimized
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         optimized = None

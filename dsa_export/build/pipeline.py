@@ -352,11 +352,10 @@ class _Pipeline:
                 src = Path(str(s.model))
                 if not src.is_file():
                     raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
-                if Path(str(src) + ".data").is_file():
-                    raise DSAUserError(f"'{src}' keeps its weights in external data; models over 2 GB are not supported by build yet.")
                 from dsa_export.manifest import verify_recorded_onnx
 
                 verify_recorded_onnx(src)
+                linked = _link_external_data(src, self.work)
                 from dsa_export.export.exporter import relocate_reference
 
                 copied = onnx.load(str(src), load_external_data=False)
@@ -369,7 +368,8 @@ class _Pipeline:
                     with atomic_output(onnx_path) as tmp:
                         shutil.copyfile(src, tmp)
                 state["source"] = str(src.resolve())
-                return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}"
+                data = f" and its external data ({', '.join(linked)}, hard-linked where possible)" if linked else ""
+                return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}{data}"
             from dsa_export.export import ExportSettings, export_model, save_model
             from dsa_export.quiet import third_party_output
 
@@ -640,12 +640,45 @@ class _Pipeline:
 
 
 def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "sha256"}}`` of every file of the build (not manifest.json)."""
-    return {
-        path.relative_to(folder).as_posix(): file_record(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_NAME and not path.name.startswith(".")
-    }
+    """``{relative path: {"size", "sha256"}}`` of every file of the build (not manifest.json); a
+    file whose digest the folder's cache holds (external data linked from a verified export) is
+    not hashed again."""
+    from dsa_export.manifest import known_digest
+
+    records = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != MANIFEST_NAME and not path.name.startswith("."):
+            relative = path.relative_to(folder).as_posix()
+            digest = known_digest(folder, relative)
+            records[relative] = {"size": path.stat().st_size, "sha256": digest} if digest else file_record(path)
+    return records
+
+
+def _link_external_data(src: Path, work: Path) -> list[str]:
+    """Put the external data files of ``src`` next to the build's copy, under the names the graph
+    records: hard links when the folders share a filesystem (a stage's weights are not copied),
+    else copies. Digests known from the export's record go into the build folder's cache."""
+    from dsa_export.manifest import confined, external_data_files, recorded_digests, remember_hashes
+
+    locations = external_data_files(src)
+    digests = recorded_digests(src) if locations else {}
+    known = {}
+    for location in locations:
+        source = confined(src.parent, location, f"the external data location '{location}' in '{src}'")
+        if not source.is_file():
+            raise DSAUserError(f"'{source}', the external data of '{src}', is missing; export the model again.")
+        target = confined(work, location, f"the external data location '{location}' in '{src}'")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            with atomic_output(target) as tmp:
+                shutil.copyfile(source, tmp)
+        if source.resolve() in digests:
+            known[Path(os.path.relpath(target, work)).as_posix()] = digests[source.resolve()]
+    if known:
+        remember_hashes(work, known)
+    return locations
 
 
 def _check_library(path: Path) -> None:

@@ -112,10 +112,21 @@ def test_padded_batch_in_onnxruntime(prefill_exports, kind):
         assert np.abs(got[row, :length] - want[row, :length]).max() < 1e-3
 
 
+def greedy_generate(path, prompt: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    """The decode graph at ``path`` driven greedily on ONNX Runtime (no end-of-sequence id)."""
+    from dsa_export.runtime import load
+    from dsa_export.runtime.generate import SamplingSettings, generate
+    from dsa_export.runtime.pipeline import PipelineSession
+
+    model = PipelineSession.of_session(load(path, "onnxruntime"))
+    try:
+        return generate(model, prompt, SamplingSettings(max_new_tokens=max_new_tokens)).tokens
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_decode_graph_greedy_matches_transformers_generate(checkpoints, tmp_path, kind):
-    from dsa_export.hf.generate import greedy_generate
-
     source = resolve(hf_reference(checkpoints[kind], graph="decode"))
     path = save_model(export_model(source, ExportSettings()), tmp_path / "decode.onnx")
     prompt = _ids(1, 12, seed=4)
@@ -134,8 +145,6 @@ def test_many_experts_with_group_routing_and_correction_bias(tmp_path, kind):
     """16 experts, top-4 within 2 of 4 groups (GLM-5: no groups), a non-zero correction bias:
     the routed-experts op and the router in standard ops match transformers' eager MoE, in a
     prefill export and a decode export driven greedily."""
-    from dsa_export.hf.generate import greedy_generate
-
     groups = dict(n_group=4, topk_group=2) if kind == "deepseek_v32" else {}
     path = make_checkpoint(tmp_path, kind, layers=3, index_topk=8, seed=7, router_bias=0.05, n_routed_experts=16,
                            num_experts_per_tok=4, **groups)
