@@ -12,6 +12,7 @@ Search order for :func:`find_library`:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from dsa_export.errors import DSAUserError
 from dsa_export.fileio import sha256_file
 
 LibraryKind = Literal["plugin", "kernels", "static"]
+
+log = logging.getLogger(__name__)
 
 #: File name of each library kind, as the CMake project writes them.
 LIBRARY_NAMES: dict[str, str] = {
@@ -229,12 +232,61 @@ def library_info(path: str | os.PathLike[str]) -> LibraryInfo:
     )
 
 
+#: Plugin libraries this process registered: (id of the TensorRT module, resolved path) -> (module,
+#: handle). The module is kept so that its id stays its own; the handle is None when the creators
+#: were already registered by a load that was not ours.
+_LOADED: dict[tuple[int, str], tuple[object, object]] = {}
+
+
+def registered_creators(registry) -> list[str]:
+    """Our op names whose plugin creator (version 1, namespace ``dsa``) ``registry`` already holds."""
+    from dsa_export.ops.contract import OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+    found = []
+    for name in OPS:
+        try:
+            creator = registry.get_creator(name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+        except Exception:  # a binding without get_creator, or one that raises for an unknown name
+            creator = None
+        if creator is not None:
+            found.append(name)
+    return found
+
+
+def load_plugin_library(trt_module, path: str | os.PathLike[str]) -> Path:
+    """Register the creators of plugin library ``path`` with ``trt_module``'s plugin registry, once per process.
+
+    ``IPluginRegistry.load_library`` returns null when any of the library's creators is already
+    registered, so a second build or engine load in the same process (the stages of a pipeline)
+    would fail; a library loaded before is therefore not loaded again. When the call fails for a
+    library we have not loaded but our creators are registered (another part of the process
+    loaded it), those creators are used. Otherwise the library could not be loaded: a user error.
+    """
+    resolved = Path(path).resolve()
+    key = (id(trt_module), str(resolved))
+    if key in _LOADED:
+        return resolved
+    registry = trt_module.get_plugin_registry()
+    handle = registry.load_library(str(resolved))
+    if handle is None:
+        already = registered_creators(registry)
+        if not already:
+            raise DSAUserError(
+                f"TensorRT could not load the plugin library {resolved}; check that it was built against this "
+                "TensorRT version (`dsa-export plugins path --json` shows the headers it used)."
+            )
+        log.warning("TensorRT did not load %s because the creators of %s are already registered in this process; "
+                    "using those.", resolved, ", ".join(already))
+    _LOADED[key] = (trt_module, handle)
+    return resolved
+
+
 def load_into_tensorrt(trt_module=None, kind: LibraryKind = "plugin") -> Path:
     """Register the DSA plugin creators with TensorRT's global plugin registry; returns the library path.
 
-    ``kind="plugin"`` goes through ``IPluginRegistry.load_library`` (``getCreators``); ``"static"``
-    is only ``dlopen``-ed, its creators register themselves. ``trt_module`` defaults to
-    ``import tensorrt`` (imported here, never at package import).
+    ``kind="plugin"`` goes through ``IPluginRegistry.load_library`` (``getCreators``), once per
+    process (:func:`load_plugin_library`); ``"static"`` is only ``dlopen``-ed, its creators register
+    themselves. ``trt_module`` defaults to ``import tensorrt`` (imported here, never at package import).
     """
     path = require_library(kind)
     if trt_module is None:
@@ -246,11 +298,4 @@ def load_into_tensorrt(trt_module=None, kind: LibraryKind = "plugin") -> Path:
 
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         return path
-    registry = trt_module.get_plugin_registry()
-    handle = registry.load_library(str(path))
-    if handle is None:
-        raise DSAUserError(
-            f"TensorRT could not load {path} as a plugin library; check that it was built against this "
-            "TensorRT version (dsa-export plugins path --json shows the headers it used)."
-        )
-    return path
+    return load_plugin_library(trt_module, path)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.ops.contract import OPS
 from dsa_export.plugins import library as lib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,32 +153,38 @@ def test_importing_the_loader_imports_neither_torch_nor_tensorrt():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_load_into_tensorrt_uses_the_registry(isolated, monkeypatch):
+def test_load_into_tensorrt_uses_the_registry_once_per_process(isolated, monkeypatch):
+    from tests.trt.fakes import fake_tensorrt
+
     plugin = _fake(isolated / "lib", "libdsa_plugins.so")
     monkeypatch.setenv(lib.ENV_VAR, str(plugin))
-    loaded = []
-
-    class Registry:
-        def load_library(self, path):
-            loaded.append(path)
-            return object()
-
-    class FakeTrt:
-        @staticmethod
-        def get_plugin_registry():
-            return Registry()
-
-    assert lib.load_into_tensorrt(FakeTrt) == plugin.resolve()
-    assert loaded == [str(plugin.resolve())]
-
-    class Refusing(FakeTrt):
-        @staticmethod
-        def get_plugin_registry():
-            class R:
-                def load_library(self, path):
-                    return None
-
-            return R()
-
+    trt = fake_tensorrt("10.15.1")  # its load_library returns None for creators already registered
+    assert lib.load_into_tensorrt(trt) == plugin.resolve()
+    assert lib.load_into_tensorrt(trt) == plugin.resolve()  # a second stage's open in the same process
+    assert trt.calls["plugins"] == [str(plugin.resolve())]
     with pytest.raises(DSAUserError, match="could not load"):
-        lib.load_into_tensorrt(Refusing)
+        lib.load_into_tensorrt(fake_tensorrt("10.15.1", plugin_ok=False))
+
+
+def test_creators_registered_by_someone_else_are_used(tmp_path, caplog):
+    from tests.trt.fakes import fake_tensorrt
+
+    first, second = _fake(tmp_path / "a", "libdsa_plugins.so"), _fake(tmp_path / "b", "libdsa_plugins.so")
+    trt = fake_tensorrt("11.1.0")
+    trt.get_plugin_registry().load_library(str(first))  # not through us: e.g. the application did
+    with caplog.at_level("WARNING", logger="dsa_export.plugins.library"):
+        assert lib.load_plugin_library(trt, second) == second.resolve()
+    assert "already registered" in caplog.text and "DSAIndexerTopK" in caplog.text
+    assert lib.registered_creators(trt.get_plugin_registry()) == list(OPS)
+
+
+def test_a_null_handle_without_our_creators_is_a_user_error(tmp_path):
+    from tests.trt.fakes import fake_tensorrt
+
+    other = fake_tensorrt("11.1.0", library_creators=("SomeoneElsesPlugin",))
+    other.get_plugin_registry().load_library("other.so")
+    path = _fake(tmp_path, "libdsa_plugins.so")
+    refusing = fake_tensorrt("11.1.0", plugin_ok=False)
+    with pytest.raises(DSAUserError, match=r"could not load the plugin library .*built against this TensorRT version"):
+        lib.load_plugin_library(refusing, path)
+    assert lib.registered_creators(other.get_plugin_registry()) == []
