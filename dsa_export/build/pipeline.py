@@ -522,10 +522,13 @@ class _Pipeline:
         previous = s.output / TIMING_CACHE_NAME
         cache_in = s.timing_cache if s.timing_cache is not None else (previous if previous.is_file() else None)
         result = build_engine(onnx_path, TensorRTBuildSettings(
-            ranges=s.ranges, precision=precision, plugin_library=lib, timing_cache=cache_in,
+            ranges=s.ranges, profiles=s.profiles, precision=precision, plugin_library=lib, timing_cache=cache_in,
             version_compatible=s.version_compatible, hardware_compatibility=s.hardware_compatibility,
             optimization_level=s.optimization_level,
         ))
+        for warning in result.warnings:
+            if "timing cache" in warning:
+                self.log(f"Warning: {warning.removeprefix('WARNING: ')}")
         with atomic_output(self.work / ENGINE_NAME) as tmp:
             tmp.write_bytes(result.engine)
         if result.timing_cache:
@@ -539,9 +542,11 @@ class _Pipeline:
         notes = []
         if lib is None:
             notes.append(f"plugin library {reason}; the dsa nodes were built from their function bodies")
-        elif result.plugin_layers == 0:
-            notes.append("the plugin library was loaded but TensorRT made no plugin layers (TensorRT before 10.7 "
-                         "prefers a node's function body to a registered plugin)")
+        elif result.dsa_nodes:
+            notes.append(f"the engine inspector shows {result.plugin_layers} plugin layers for the "
+                         f"{result.dsa_nodes} dsa nodes (the parser was given the file without their function bodies)")
+        if cache_in and not result.timing_cache_reused:
+            notes.append(f"the timing cache {cache_in} was not reused (TensorRT rejected it); a fresh one was written")
         return {
             "file": ENGINE_NAME,
             "sha256": sha256_file(self.work / ENGINE_NAME),
@@ -554,11 +559,13 @@ class _Pipeline:
             "plugin_library": str(lib) if lib else None,
             "uses_plugins": bool(result.plugin_layers),
             "plugin_layers": result.plugin_layers,
+            "dsa_nodes": result.dsa_nodes,
+            "plugins_serialized": result.plugins_serialized,
             "strongly_typed": result.strongly_typed,
             "builder_flags": result.builder_flags,
             "optimization_level": s.optimization_level,
             "timing_cache": TIMING_CACHE_NAME if result.timing_cache else None,
-            "timing_cache_reused": str(cache_in) if cache_in else None,
+            "timing_cache_reused": str(cache_in) if cache_in and result.timing_cache_reused else None,
             "layers": result.layers,
             "gpu": gpu.name if gpu else None,
             "notes": notes,
@@ -567,7 +574,7 @@ class _Pipeline:
     def _rtx_engine(self, onnx_path: Path, targets: tuple[str, ...]) -> dict[str, Any]:
         from dsa_export.trt.rtx import build_engine
 
-        result = build_engine(onnx_path, self.settings.ranges, targets)
+        result = build_engine(onnx_path, self.settings.ranges, targets, self.settings.profiles)
         with atomic_output(self.work / ENGINE_NAME) as tmp:
             tmp.write_bytes(result.engine)
         capabilities = [f"{t[2:-1]}.{t[-1]}" for t in result.targets]
@@ -595,9 +602,13 @@ class _Pipeline:
 
     def _manifest(self, plan: BackendPlan, precision: str, model, meta: dict[str, str], state: dict[str, Any]) -> dict[str, Any]:
         from dsa_export.export.exporter import META_MODE, META_OPS, META_SETTINGS
+        from dsa_export.trt.profiles import input_profiles, profile_ranges
 
         inputs, outputs = _io_specs(model)
         profiles = state.get("profiles", {})
+        every = profile_ranges(self.settings.ranges, self.settings.profiles)
+        if self.settings.profiles and profiles:  # state holds the single range's; the engine's first profile here
+            profiles = input_profiles(model, every[0])
         lib, sha, reason = _plugin_library(self.settings, "plugin")
         engine = state.get("engine")
         if engine is not None:
@@ -622,9 +633,10 @@ class _Pipeline:
             "backends": plan.backends,
             "backend_choice": {"requested": self.settings.backend, "reason": plan.reason},
             "gpu_target": target,
-            "profiles": {
-                "dims": {name: list(r) for name, r in self.settings.ranges.dims.items()},
+            "profiles": {  # dims and inputs: the first optimization profile; all: the dims of each, in order
+                "dims": {name: list(r) for name, r in every[0].dims.items()},
                 "inputs": {name: {"min": p[0], "opt": p[1], "max": p[2]} for name, p in profiles.items()},
+                "all": [{name: list(r) for name, r in ranges.dims.items()} for ranges in every],
             },
             "inputs": [i.to_dict() for i in inputs],
             "outputs": [o.to_dict() for o in outputs],

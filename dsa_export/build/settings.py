@@ -37,6 +37,11 @@ class BuildSettings:
         backend: auto, tensorrt, tensorrt-rtx or onnxruntime. ``auto`` builds the best engine this
             machine can build and always adds the portable ONNX Runtime artifact.
         ranges: min/opt/max of the dynamic dims (batch, sequence) of the optimization profile.
+        profiles: when not empty, replaces ``ranges`` for the engine: each entry becomes one
+            optimization profile, in order (e.g. prefill: sequence 1..max with past_sequence 0/0/0;
+            decode: sequence 1 with past_sequence 0..max), and the manifest's ``profiles.dims`` is
+            the first. ``ranges`` stays what takes a single range (the ONNX Runtime artifact), so
+            give it one that covers every profile. All profiles name the same dims.
         plugin_library: our TensorRT plugin library; None searches for it (TensorRT backend only).
         timing_cache: TensorRT timing cache to reuse and update; None keeps one in the output folder.
         version_compatible: TensorRT version-compatible engine.
@@ -58,6 +63,7 @@ class BuildSettings:
     precision: str | None = None
     backend: str = "auto"
     ranges: ShapeRange = DEFAULT_RANGE
+    profiles: tuple[ShapeRange, ...] = ()
     plugin_library: Path | None = None
     timing_cache: Path | None = None
     version_compatible: bool = False
@@ -86,6 +92,17 @@ class BuildSettings:
         if not 0 <= self.optimization_level <= 5:
             raise DSAUsageError(f"optimization level {self.optimization_level} is not in 0..5.")
         self.output = Path(self.output)
+        self.profiles = tuple(self.profiles)
+        for index, profile in enumerate(self.profiles):
+            if not isinstance(profile, ShapeRange):
+                raise DSAUsageError(f"profile {index} is {profile!r}, not a ShapeRange of min/opt/max dims.")
+        if self.profiles:
+            names = [sorted(p.dims) for p in self.profiles]
+            if any(n != names[0] for n in names):
+                raise DSAUsageError(
+                    "every optimization profile must give ranges for the same dims; got "
+                    + "; ".join(f"profile {i}: {', '.join(n)}" for i, n in enumerate(names)) + "."
+                )
 
     @property
     def model_is_onnx(self) -> bool:

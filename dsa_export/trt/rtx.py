@@ -20,7 +20,7 @@ import onnx
 
 from dsa_export import interrupts
 from dsa_export.errors import DSAUserError, require
-from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange, input_profiles
+from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange, add_profiles, profile_ranges
 
 RTX_MODULE = "tensorrt_rtx_bindings"
 RTX_INSTALL = "pip install tensorrt-rtx-cu13-bindings tensorrt-rtx-cu13-libs"
@@ -41,12 +41,15 @@ def rtx_version() -> str | None:
 
 @dataclass
 class RtxBuildResult:
+    """``profiles``: input shapes of the first optimization profile; ``all_profiles``: of each, in order."""
+
     engine: bytes
     version: str
     targets: tuple[str, ...]
     profiles: dict[str, tuple[list[int], ...]]
     layers: int
     warnings: list[str] = field(default_factory=list)
+    all_profiles: list[dict[str, tuple[list[int], ...]]] = field(default_factory=list)
 
 
 def _logger(trt, sink: list[str]):
@@ -138,18 +141,18 @@ def build_engine(
     path: str | Path,
     ranges: ShapeRange = DEFAULT_RANGE,
     targets: tuple[str, ...] = DEFAULT_TARGETS,
+    profiles: tuple[ShapeRange, ...] = (),
 ) -> RtxBuildResult:
-    """AOT-build ``path`` for the given compute capabilities with one dynamic profile."""
+    """AOT-build ``path`` for the given compute capabilities: one optimization profile of ``ranges``,
+    or, when ``profiles`` is not empty, one per entry of it, in order."""
     trt = rtx()
     parsed = parse_onnx(path)
     builder, network, messages = parsed.builder, parsed.network, parsed.messages
     config = builder.create_builder_config()
     model = onnx.load(str(path), load_external_data=False)
-    profiles = input_profiles(model, ranges)
-    profile = builder.create_optimization_profile()
-    for name, (lo, opt, hi) in profiles.items():
-        profile.set_shape(name, lo, opt, hi)
-    config.add_optimization_profile(profile)
+    all_profiles = add_profiles(
+        builder, config, model, profile_ranges(ranges, profiles), f"TensorRT-RTX {trt.__version__}", path
+    )
     config.num_compute_capabilities = len(targets)
     for i, target in enumerate(targets):
         try:
@@ -166,6 +169,6 @@ def build_engine(
         detail = "; ".join(m for m in messages if m.startswith("ERROR"))[:500]
         raise DSAUserError(f"TensorRT-RTX failed to build an engine from '{path}': {detail or 'see the log'}")
     return RtxBuildResult(
-        engine=bytes(engine), version=trt.__version__, targets=tuple(targets), profiles=profiles,
-        layers=network.num_layers, warnings=[m for m in messages if m.startswith("WARNING")],
+        engine=bytes(engine), version=trt.__version__, targets=tuple(targets), profiles=all_profiles[0],
+        layers=network.num_layers, warnings=[m for m in messages if m.startswith("WARNING")], all_profiles=all_profiles,
     )

@@ -1,21 +1,23 @@
 """Backend choice on recorded environments, shape options, and the TensorRT 10/11 builder calls.
 
-TensorRT itself is not installable here, so ``FakeTensorRT`` below is a test double that records
-what :func:`dsa_export.trt.tensorrt.build_engine` asks of the TensorRT Python API (network flags,
-builder flags, profiles, timing cache, plugin loading). It checks our calls, not TensorRT.
+TensorRT itself is not installable here, so :func:`tests.trt.fakes.fake_tensorrt` is a test double
+that records what :func:`dsa_export.trt.tensorrt.build_engine` asks of the TensorRT Python API
+(network flags, builder flags, profiles, timing cache, plugin loading) and answers as the release
+it pretends to be. It checks our calls, not TensorRT.
 """
 
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import pytest
 
 from dsa_export.build import BuildSettings, parse_shape_ranges, plan_backends
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange
 from tests.compat.helpers import fixture_probe
+from tests.trt.fakes import fake_tensorrt
 
 
 def test_auto_prefers_tensorrt_with_a_gpu():
@@ -65,126 +67,24 @@ def test_shape_options():
         parse_shape_ranges(None, None, "sequence=64")
     with pytest.raises(DSAUsageError):
         BuildSettings(hardware_compatibility="volta+")
+    # profiles replace ranges for the engine; ranges stays for what takes one range
+    prefill = ShapeRange({"batch": (1, 1, 1), "sequence": (1, 64, 512), "past_sequence": (0, 0, 0)})
+    decode = ShapeRange({"batch": (1, 1, 1), "sequence": (1, 1, 1), "past_sequence": (0, 256, 512)})
+    settings = BuildSettings(profiles=[prefill, decode])
+    assert settings.profiles == (prefill, decode) and settings.ranges == DEFAULT_RANGE
+    assert BuildSettings().profiles == ()
+    with pytest.raises(DSAUsageError, match=r"same dims.*profile 1: batch, sequence\.$"):
+        BuildSettings(profiles=(prefill, ShapeRange({"batch": (1, 1, 1), "sequence": (1, 1, 1)})))
+    with pytest.raises(DSAUsageError, match="not a ShapeRange"):
+        BuildSettings(profiles=({"sequence": (1, 1, 1)},))
     assert BuildSettings(hardware_compatibility="ampere+").hardware_compatibility == "ampere_plus"
 
 
 # ---------------------------------------------------------------------------------------------
-# A recording stand-in for the tensorrt module (test double)
-
-
-def fake_tensorrt(version: str, plan: bytes = b"ftrt-fake-plan", plugin_ok: bool = True):
-    calls: dict = {"flags": [], "profiles": [], "plugins": [], "cache_in": None}
-    trt = types.SimpleNamespace(__version__=version, calls=calls)
-
-    class ILogger:
-        Severity = types.SimpleNamespace(WARNING=2)
-
-        def __init__(self):
-            pass
-
-    trt.ILogger = ILogger
-    trt.init_libnvinfer_plugins = lambda logger, namespace: calls.setdefault("init_plugins", namespace)
-
-    class Registry:
-        def load_library(self, path):
-            calls["plugins"].append(path)
-            return object() if plugin_ok else None
-
-    trt.get_plugin_registry = lambda: Registry()
-    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=5)
-    trt.BuilderFlag = types.SimpleNamespace(FP16="FP16", BF16="BF16", VERSION_COMPATIBLE="VERSION_COMPATIBLE")
-    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
-    trt.HardwareCompatibilityLevel = types.SimpleNamespace(AMPERE_PLUS="AMPERE_PLUS", SAME_COMPUTE_CAPABILITY="SAME_CC")
-
-    class Layer:
-        def __init__(self, kind):
-            self.type = kind
-
-    class Network:
-        num_layers = 3
-
-        def get_layer(self, i):
-            return Layer("LayerType.PLUGIN_V3" if i == 0 else "LayerType.MATRIX_MULTIPLY")
-
-    class Parser:
-        num_errors = 0
-
-        def __init__(self, network, logger):
-            pass
-
-        def parse_from_file(self, path):
-            calls["parsed"] = path
-            return True
-
-        def parse(self, model, path):  # the file with the bodies TensorRT builds swapped in
-            import onnx
-
-            functions = {f.name: f for f in onnx.load_from_string(bytes(model)).functions}
-            if "DSASparseAttention" in functions:
-                calls["static_attention"] = not any(n.op_type == "ReduceMax" and "used" in "".join(n.output)
-                                                    for n in functions["DSASparseAttention"].node)
-            calls["parsed"] = path
-            return True
-
-    class Profile:
-        def set_shape(self, name, lo, opt, hi):
-            calls["profiles"].append((name, list(lo), list(opt), list(hi)))
-
-    class Cache:
-        def __init__(self, data):
-            self.data = data
-
-        def serialize(self):
-            return self.data + b"+tuned"
-
-    class Config:
-        builder_optimization_level = None
-        hardware_compatibility_level = None
-        plugins_to_serialize = None
-
-        def set_memory_pool_limit(self, pool, size):
-            calls["workspace"] = size
-
-        def set_flag(self, flag):
-            calls["flags"].append(flag)
-
-        def add_optimization_profile(self, profile):
-            calls["profile_added"] = True
-
-        def create_timing_cache(self, data):
-            calls["cache_in"] = data
-            return Cache(data)
-
-        def set_timing_cache(self, cache, ignore_mismatch):
-            self.cache = cache
-
-        def get_timing_cache(self):
-            return self.cache
-
-    class Builder:
-        def __init__(self, logger):
-            pass
-
-        def create_network(self, flags):
-            calls["network_flags"] = flags
-            return Network()
-
-        def create_builder_config(self):
-            calls["config"] = Config()
-            return calls["config"]
-
-        def create_optimization_profile(self):
-            return Profile()
-
-        def build_serialized_network(self, network, config):
-            return plan
-
-    trt.Builder, trt.OnnxParser = Builder, Parser
-    return trt
+# The TensorRT builder calls, over the test double of tests/trt/fakes.py
 
 
 def test_tensorrt_11_is_strongly_typed_and_loads_plugins(exported, tmp_path):
-    from dsa_export.trt.profiles import ShapeRange
     from dsa_export.trt.tensorrt import TensorRTBuildSettings, build_engine
 
     lib = tmp_path / "libdsa_plugins.so"
@@ -198,12 +98,23 @@ def test_tensorrt_11_is_strongly_typed_and_loads_plugins(exported, tmp_path):
     calls = trt.calls
     assert calls["network_flags"] == 0  # TensorRT 11: the strongly typed flag is deprecated and ignored
     assert result.strongly_typed and calls["flags"] == []
-    assert calls["plugins"] == [str(lib)]
+    assert calls["plugins"] == [str(lib.resolve())]
     assert calls["profiles"] == [("input_ids", [1, 1], [2, 64], [4, 256])]
-    assert calls["cache_in"] == b"previous" and result.timing_cache == b"previous+tuned"
+    assert calls["cache_in"] == b"previous" and result.timing_cache == b"previous+tuned" and result.timing_cache_reused
     assert calls["config"].builder_optimization_level == 5
-    assert result.plugin_layers == 1 and result.engine == b"ftrt-fake-plan"
-    assert calls["static_attention"]  # the parser got the body TensorRT builds
+    # the parser got the file without the dsa bodies; the engine has one plugin layer per dsa node
+    assert not [f for f in calls["parsed_model"].functions if f.domain == "dsa"]
+    assert result.dsa_nodes == 7 and result.plugin_layers == 7 and result.engine == b"ftrt-fake-plan"
+    assert calls["parsed"] == str(exported["plugin"])  # external data is found beside the original file
+
+
+def test_without_the_plugin_library_the_parser_gets_the_bodies_tensorrt_builds(exported):
+    from dsa_export.trt.tensorrt import TensorRTBuildSettings, build_engine
+
+    trt = fake_tensorrt("10.8.0.43")
+    result = build_engine(exported["plugin"], TensorRTBuildSettings(precision="fp32"), trt_module=trt)
+    assert trt.calls["static_attention"]  # the static sparse-attention chunks, swapped in memory
+    assert result.plugin_layers == 0 and result.dsa_nodes == 7 and trt.calls["deserialized"] == 0
 
 
 def test_tensorrt_11_refuses_weak_typing(exported):
@@ -224,13 +135,13 @@ def test_tensorrt_10_flags(exported, tmp_path):
         workspace_bytes=1 << 30), trt_module=trt)
     assert trt.calls["network_flags"] == 0 and not result.strongly_typed  # fp32 file + fp16: weak typing
     assert trt.calls["flags"] == ["FP16", "VERSION_COMPATIBLE"]
-    assert trt.calls["config"].plugins_to_serialize == [str(lib)]
+    assert trt.calls["config"].plugins_to_serialize == [str(lib.resolve())] and result.plugins_serialized
     assert trt.calls["config"].hardware_compatibility_level == "AMPERE_PLUS"
     assert trt.calls["workspace"] == 1 << 30
     assert trt.calls["cache_in"] == b""
     trt = fake_tensorrt("10.8.0.43")
     result = build_engine(exported["plugin"], TensorRTBuildSettings(precision="fp32"), trt_module=trt)
-    assert trt.calls["network_flags"] == 1 << 5 and result.strongly_typed
+    assert trt.calls["network_flags"] == 1 << 1 and result.strongly_typed  # kSTRONGLY_TYPED = 1 in 10.x
 
 
 def test_tensorrt_errors_are_one_sentence(exported, tmp_path):
@@ -273,15 +184,28 @@ def test_pipeline_tensorrt_backend_writes_what_the_gate_reads(exported, tmp_path
     assert manifest["checks"]["tensorrt"]["skipped"] is True
     engine = manifest["engine"]
     assert engine["plugin_library_sha256"] == sha256_file(lib) == manifest["plugin_library"]["sha256"]
+    assert engine["dsa_nodes"] == engine["plugin_layers"] == 7 and engine["plugins_serialized"] is True
+    assert manifest["profiles"]["all"] == [manifest["profiles"]["dims"]]  # one profile: the --shapes ranges
     requirements = read_requirements(out / "model.plan")
     assert requirements.trt_version == "10.15.1.29" and requirements.version_compatible
+    assert requirements.plugins_serialized  # the loader leaves the library to the plan
     assert requirements.hardware_compatibility == "ampere_plus"
     assert requirements.plugin_library_sha256 == sha256_file(lib)
-    # a second build reuses the timing cache of the first
+    # a second build, with a prefill and a decode profile, reuses the timing cache of the first
+    import dataclasses
+
+    prefill = ShapeRange({"batch": (1, 1, 2), "sequence": (1, 64, 256)})
+    decode = ShapeRange({"batch": (1, 2, 4), "sequence": (1, 1, 1)})
     trt2 = fake_tensorrt("10.15.1.29")
     monkeypatch.setitem(sys.modules, "tensorrt", trt2)
-    build(settings, log=lambda line: None)
+    build(dataclasses.replace(settings, profiles=(prefill, decode)), log=lambda line: None)
     assert trt2.calls["cache_in"] == b"+tuned"
+    assert trt2.calls["added_profiles"] == [{"input_ids": ([1, 1], [1, 64], [2, 256])},
+                                            {"input_ids": ([1, 1], [2, 1], [4, 1])}]
+    profiles = json.loads((out / "manifest.json").read_text())["profiles"]
+    assert profiles["dims"] == {"batch": [1, 1, 2], "sequence": [1, 64, 256]}  # what existing readers use: the first
+    assert profiles["all"] == [profiles["dims"], {"batch": [1, 2, 4], "sequence": [1, 1, 1]}]
+    assert profiles["inputs"]["input_ids"] == {"min": [1, 1], "opt": [1, 64], "max": [2, 256]}
     assert result.stages[2].status == "skipped"
     assert Path(out / "manifest.json").is_file()
 

@@ -40,3 +40,20 @@ def test_profile_needs_a_range_for_every_dynamic_dim(exported):
     with pytest.raises(DSAUserError, match="min <= opt <= max"):
         ShapeRange({"batch": (-1, 1, 4)})
     assert ShapeRange({"past_sequence": (0, 16, 128)}).dims["past_sequence"] == (0, 16, 128)
+    assert ShapeRange({"past_sequence": (0, 0, 0)}).describe() == "past_sequence 0..0"  # a prefill profile's past
+
+
+def test_rtx_builds_one_profile_per_shape_range_in_order(tmp_path):
+    """Real TensorRT-RTX: a prefill (past_sequence fixed at 0) and a decode profile in one engine."""
+    from dsa_export.trt.rtx import build_engine
+    from tests.trt.fakes import tiny_dsa_model
+
+    model = tiny_dsa_model(tmp_path / "past.onnx", past=True)  # the dsa nodes are inlined: no plugins in RTX
+    prefill = ShapeRange({"batch": (1, 1, 2), "sequence": (1, 16, 64), "past_sequence": (0, 0, 0)})
+    decode = ShapeRange({"batch": (1, 1, 2), "sequence": (1, 1, 1), "past_sequence": (0, 32, 64)})
+    result = build_engine(model, targets=("SM89",), profiles=(prefill, decode))
+    assert result.all_profiles == [
+        {"x": ([1, 1], [1, 16], [2, 64]), "past": ([1, 0], [1, 0], [2, 0])},
+        {"x": ([1, 1], [1, 1], [2, 1]), "past": ([1, 0], [1, 32], [2, 64])},
+    ]
+    assert result.profiles == result.all_profiles[0] and len(result.engine) > 1000
