@@ -57,6 +57,9 @@ class EngineRequirements:
     hardware_compatibility: str = "none"  # one of HARDWARE_COMPATIBILITY
     version_compatible: bool = False  # built with the version-compatible flag
     plugin_library_sha256: str | None = None  # sha256 of the DSA plugin library it was built with
+    #: The plugin library is serialized into the (version-compatible) plan: TensorRT loads it from
+    #: there, so the loader neither needs nor loads the library file (as trtexec does).
+    plugins_serialized: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -97,6 +100,9 @@ class EngineRequirements:
             hardware_compatibility=hardware,
             version_compatible=bool(section.get("version_compatible", False)),
             plugin_library_sha256=str(sha) if sha else None,
+            # only version-compatible plans carry serialized plugin libraries
+            plugins_serialized=bool(section.get("plugins_serialized")) and bool(sha)
+            and bool(section.get("version_compatible")),
         )
 
 
@@ -236,7 +242,7 @@ def compare_engine(
                     "Rebuild the engine on this GPU with `dsa-export build` (or build with hardware compatibility for Ampere and newer).",
                 )
             )
-    if requirements.plugin_library_sha256:
+    if requirements.plugin_library_sha256 and not requirements.plugins_serialized:
         plugin = probe.component("plugin_library")
         if not plugin.found:
             findings.append(

@@ -2,10 +2,16 @@
 
 Order of work when opening: the engine gate reads ``manifest.json`` and compares it with this
 machine (TensorRT version, GPU, plugin library hash) before anything is deserialized; then the
-plugin library is registered (TensorRT only; TensorRT-RTX has no plugins), the engine is
-deserialized and an execution context created. Each run checks the input shapes against the
-manifest's optimization profile, sets them on the context, allocates inputs and outputs as torch
-CUDA tensors, and enqueues with ``execute_async_v3`` on a dedicated CUDA stream.
+plugin library is registered (TensorRT only, once per process; TensorRT-RTX has no plugins, and a
+version-compatible plan that carries the library loads it itself), the engine is deserialized
+and an execution context created. Each run checks the input shapes against the manifest's
+optimization profiles, selects the first profile that holds them, sets the shapes on the
+context, allocates inputs and outputs as torch CUDA tensors, and enqueues with
+``execute_async_v3`` on a dedicated CUDA stream.
+
+Everything (the runtime, deserialization, the context, the stream, each run) happens with the
+session's GPU current, so that stages of a pipeline on different GPUs of one process each use
+their own.
 """
 
 from __future__ import annotations
@@ -47,6 +53,27 @@ def torch_dtype(torch, trt_dtype) -> object:
     return getattr(torch, TORCH_DTYPES[name])
 
 
+def manifest_profiles(manifest: Manifest) -> list[dict[str, tuple[int, int, int]]]:
+    """The ``{dim: (min, opt, max)}`` of each optimization profile, in engine order
+    (:attr:`Manifest.profile_sets`), refusing a damaged ``profiles.all``: a profile index chosen
+    from it must be the engine's."""
+    every = (manifest.data.get("profiles") or {}).get("all")
+
+    def valid(v) -> bool:
+        return (isinstance(v, list) and len(v) == 3 and v[0] <= v[1] <= v[2]
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
+
+    if every is not None and not (isinstance(every, list) and every and all(
+            isinstance(dims, dict) and all(valid(v) for v in dims.values()) for dims in every)):
+        raise DSAUserError(f"{manifest.path} has an invalid field profiles.all (not a list of "
+                           "{dim: [min, opt, max]}); rebuild the folder with `dsa-export build`.")
+    return manifest.profile_sets
+
+
+def _describe(dims: dict[str, tuple[int, int, int]]) -> str:
+    return ", ".join(f"{name} {lo}..{hi}" for name, (lo, _opt, hi) in dims.items()) or "fixed shapes"
+
+
 class EngineSession(Session):
     """Use :meth:`open`; the constructor takes already deserialized objects (tests pass fakes)."""
 
@@ -54,12 +81,20 @@ class EngineSession(Session):
         super().__init__(kind=kind, inputs=manifest.inputs, outputs=manifest.outputs, manifest=manifest, notes=notes)
         self.trt = trt
         self.engine = engine
-        self.context = engine.create_execution_context()
-        if self.context is None:
-            raise DSAUserError("TensorRT could not create an execution context (out of GPU memory?).")
         self.torch = torch
+        self.device_index = device
         self.device = torch.device("cuda", device)
-        self.stream = torch.cuda.Stream(device=self.device)
+        self.profiles = manifest_profiles(manifest)
+        built = getattr(engine, "num_optimization_profiles", None)
+        if isinstance(built, int) and built != len(self.profiles):
+            raise DSAUserError(f"the engine has {built} optimization profile(s) but {manifest.path} records "
+                               f"{len(self.profiles)}; rebuild the folder with `dsa-export build`.")
+        with torch.cuda.device(device):
+            self.context = engine.create_execution_context()
+            if self.context is None:
+                raise DSAUserError("TensorRT could not create an execution context (out of GPU memory?).")
+            self.stream = torch.cuda.Stream(device=self.device)
+        self.active_profile = 0  # a new context uses profile 0
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.output_names = [n for n in names if n not in self.input_names]
@@ -76,43 +111,87 @@ class EngineSession(Session):
             raise DSAUserError("Running an engine needs a CUDA build of torch that sees the GPU; install one.")
         notes = []
         logger = trt.Logger(trt.Logger.WARNING)
-        if requirements.plugin_library_sha256:
-            from dsa_export.plugins import load_into_tensorrt
+        with torch.cuda.device(device):
+            if requirements.plugins_serialized:
+                notes.append("plugin library serialized in the engine (loaded by TensorRT from the plan)")
+            elif requirements.plugin_library_sha256:
+                from dsa_export.plugins import load_into_tensorrt
 
-            library = load_into_tensorrt(trt)  # the gate has matched its sha256 with the manifest
-            notes.append(f"plugin library {library}")
-        runtime = trt.Runtime(logger)
-        if requirements.version_compatible:
-            runtime.engine_host_code_allowed = True  # the lean runtime embedded in the plan
-        engine = runtime.deserialize_cuda_engine(path.read_bytes())
-        if engine is None:
-            raise DSAUserError(f"{trt.__name__} {trt.__version__} could not deserialize {path}; rebuild it here.")
-        kind = f"{requirements.backend} {trt.__version__} engine ({path.name})"
-        session = cls(trt, engine, manifest, device, torch, kind, notes)
+                library = load_into_tensorrt(trt)  # the gate has matched its sha256 with the manifest
+                notes.append(f"plugin library {library}")
+            runtime = trt.Runtime(logger)
+            if requirements.version_compatible:
+                runtime.engine_host_code_allowed = True  # the lean runtime (and plugin libraries) embedded in the plan
+            engine = runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
+                raise DSAUserError(f"{trt.__name__} {trt.__version__} could not deserialize {path}; rebuild it here.")
+            kind = f"{requirements.backend} {trt.__version__} engine ({path.name})"
+            session = cls(trt, engine, manifest, device, torch, kind, notes)
         session._runtime = runtime  # keep alive as long as the engine
         session._logger = logger
         return session
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.manifest.check_shapes(shapes, "the engine")  # type: ignore[union-attr]
+        """Shapes inside any one of the optimization profiles pass (see :meth:`select_profile`)."""
+        self.select_profile(shapes)
+
+    def select_profile(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Index of the first optimization profile whose ranges hold ``shapes``; DSAUserError if none does."""
+        from dsa_export.manifest import check_shapes
+
+        if len(self.profiles) == 1:
+            check_shapes(self.inputs, self.profiles[0], shapes, "the engine")
+            return 0
+        check_shapes(self.inputs, {}, shapes, "the engine")  # names, ranks, fixed sizes, shared dims
+        for index, dims in enumerate(self.profiles):
+            try:
+                check_shapes(self.inputs, dims, shapes, "the engine")
+            except DSAUserError:
+                continue
+            return index
+        given = ", ".join(f"'{name}' {list(shape)}" for name, shape in shapes.items())
+        profiles = "; ".join(f"profile {i}: {_describe(dims)}" for i, dims in enumerate(self.profiles))
+        raise DSAUserError(f"the input shapes ({given}) fit none of the engine's {len(self.profiles)} optimization "
+                           f"profiles ({profiles}); pass shapes within one of them or rebuild with a profile that "
+                           "holds them.")
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.torch.cuda.device(self.device_index):
+            return self._run_on_device(feeds)
+
+    def _use_profile(self, index: int) -> None:
+        if index == self.active_profile:
+            return
+        try:
+            switched = self.context.set_optimization_profile_async(index, self.stream.cuda_stream)
+        except RuntimeError as exc:  # the bindings raise where the C++ API returns false
+            switched, why = False, f" ({exc})"
+        else:
+            why = ""
+        if not switched:
+            raise DSAUserError(f"TensorRT could not switch the execution context to optimization profile {index}{why}; "
+                               "see the log above.")
+        self.active_profile = index
+
+    def _run_on_device(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self.torch
         engine, context = self.engine, self.context
+        # The shape and address calls below apply to the profile selected here.
+        self._use_profile(self.select_profile({name: tuple(np.shape(value)) for name, value in feeds.items()}))
         keep = []
         for name in self.input_names:
             tensor = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device, torch_dtype(torch, engine.get_tensor_dtype(name)))
             keep.append(tensor)
             if not context.set_input_shape(name, tuple(tensor.shape)):
                 raise DSAUserError(f"the engine rejected shape {tuple(tensor.shape)} for input '{name}'.")
-            context.set_tensor_address(name, tensor.data_ptr())
+            self._set_address(name, tensor)
         outputs = {}
         for name in self.output_names:
             shape = tuple(context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
                 raise DSAUserError(f"the shape of output '{name}' is not known after setting the inputs ({shape}).")
             out = torch.empty(shape, dtype=torch_dtype(torch, engine.get_tensor_dtype(name)), device=self.device)
-            context.set_tensor_address(name, out.data_ptr())
+            self._set_address(name, out)
             outputs[name] = out
         self.stream.wait_stream(torch.cuda.current_stream(self.device))  # input copies finish first
         if not context.execute_async_v3(self.stream.cuda_stream):
@@ -121,5 +200,10 @@ class EngineSession(Session):
         del keep
         return {name: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy() for name, t in outputs.items()}
 
+    def _set_address(self, name: str, tensor) -> None:
+        if not self.context.set_tensor_address(name, tensor.data_ptr()):
+            raise DSAUserError(f"TensorRT refused the device address of tensor '{name}' (not an I/O tensor of this "
+                               "engine, or misaligned memory); see the log above.")
 
-__all__ = ["EngineSession", "runtime_module"]
+
+__all__ = ["EngineSession", "manifest_profiles", "runtime_module"]

@@ -63,10 +63,25 @@ def fake_torch():
         device=lambda kind, index: f"{kind}:{index}",
         from_numpy=lambda a: FakeTensor(np.asarray(a)),
         empty=lambda shape, dtype, device: FakeTensor(np.zeros(shape, dtype=dtype)),
-        cuda=types.SimpleNamespace(Stream=Stream, current_stream=lambda device: "current"),
+        cuda=types.SimpleNamespace(Stream=Stream, current_stream=lambda device: "current", device=CurrentDevice),
         log=log,
     )
     return torch
+
+
+class CurrentDevice:
+    """``torch.cuda.device(index)``: makes ``index`` the current CUDA device inside the block."""
+
+    current: int | None = None
+
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        self.previous, CurrentDevice.current = CurrentDevice.current, self.index
+
+    def __exit__(self, *exc):
+        CurrentDevice.current = self.previous
 
 
 def fake_trt_and_engine():
@@ -79,8 +94,9 @@ def fake_trt_and_engine():
             calls["shapes"][name] = shape
             return True
 
-        def set_tensor_address(self, name, address):
+        def set_tensor_address(self, name, address):  # bool, as IExecutionContext::setTensorAddress
             calls["addresses"][name] = address
+            return True
 
         def get_tensor_shape(self, name):
             batch, seq = calls["shapes"]["input_ids"]
