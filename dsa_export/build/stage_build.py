@@ -163,10 +163,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         except DSAUserError as exc:
             log.warning("ignoring the existing %s (%s)", output / PIPELINE_NAME, exc)
     prefill, decode = decode_profiles(max_batch, max_seq)
-    base = replace(settings, ranges=combined((prefill, decode)), timing_cache=output / TIMING_CACHE, force=True,
-                   model=None, output=output)
-    if "profiles" in BuildSettings.__dataclass_fields__:
-        base = replace(base, profiles=(ShapeRange(prefill), ShapeRange(decode)))
+    # The engine gets both profiles; the ONNX Runtime artifact (one range) takes their union.
+    base = replace(settings, ranges=combined((prefill, decode)), profiles=(ShapeRange(prefill), ShapeRange(decode)),
+                   timing_cache=output / TIMING_CACHE, force=True, model=None, output=output)
     output.mkdir(parents=True, exist_ok=True)
     rel_export = Path(os.path.relpath(export_folder.resolve(), output.resolve()))
     entries, outcomes, jobs = [], [], []

@@ -52,7 +52,8 @@ def _load_npz(path: Path) -> dict:
 def command(artifact: Path, inputs_file: Path | None, outputs_file: Path | None, runtime: str, dims: dict | None,
             seed: int, save_inputs: Path | None, device: int, no_verify: bool, as_json: bool,
             json_out: Path | None) -> None:
-    """Run ARTIFACT (a build folder, an engine, a build's onnxruntime/ folder or an .onnx) once.
+    """Run ARTIFACT (a build folder, an engine, a build's onnxruntime/ folder, an .onnx, or a pipeline
+    folder of stages) once.
 
     Prints which runtime ran and the shape, dtype and statistics of every output. Every file
     loaded from a build folder is first checked against its manifest (size and sha256, hashed once

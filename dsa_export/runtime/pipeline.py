@@ -75,7 +75,8 @@ class LocalStage:
     ``run(feeds, slot, *upstream)``: ``feeds`` are the caller's tensors (those this stage takes are
     picked), ``upstream`` the outputs of the stages named by the in-links. With a ``slot``, the
     stage's ``past_*`` inputs come from its own store (empty at the slot's first call) and its
-    ``present_*`` outputs go back there instead of being returned.
+    ``present_*`` outputs go back there instead of being returned; an engine session keeps them on
+    its GPU (``run_resident``), so a decode step moves only the hidden states.
     """
 
     def __init__(self, index: int, session: Session, links: Sequence[InLink], device: str):
@@ -104,7 +105,11 @@ class LocalStage:
             past = self.caches.get(slot)
         if past is None:
             past = self._empty_caches(mine)
-        out = self.session.run({**mine, **past})
+        resident = getattr(self.session, "run_resident", None)
+        if resident is not None:  # an engine: the caches stay on its GPU between calls
+            out = resident({**mine, **past}, {present_name(name) for name in self.cache_specs})
+        else:
+            out = self.session.run({**mine, **past})
         with self._lock:
             self.caches[slot] = {name: out.pop(present_name(name)) for name in self.cache_specs}
         return out
@@ -119,12 +124,6 @@ class LocalStage:
                                    "stages again with --graph decode.")
             empty[name] = np.zeros((batch, 0, width), dtype=np.float32 if spec.dtype == "bfloat16" else spec.dtype)
         return empty
-
-    def cache_length(self, slot: str) -> int:
-        """Tokens the slot's caches hold (0 for a slot this stage has not seen)."""
-        with self._lock:
-            past = self.caches.get(slot)
-        return next(iter(past.values())).shape[1] if past else 0
 
     def drop(self, slot: str | None = None) -> None:
         """Forget one slot's caches, or every slot's."""
@@ -239,7 +238,8 @@ class PipelineSession(Session):
 
     @classmethod
     def open(cls, folder: str | Path, runtime: str = "auto", *, devices: Sequence[int] | None = None,
-             verify: bool = True, threads: int | None = None, timeout: float | None = None) -> PipelineSession:
+             verify: bool = True, threads: int | None = None, timeout: float | None = None,
+             **_options: Any) -> PipelineSession:
         """Open every stage of ``folder`` (a stage export or a stage build) in this process.
 
         ``devices``: GPU per stage, overriding the build's assignment. ``threads``: ONNX Runtime
@@ -345,6 +345,18 @@ class PipelineSession(Session):
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Each stage checks its own inputs against its profile when it runs."""
+
+    def example_inputs(self, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Random inputs of a prefill call (``past_sequence`` 0 unless ``dims`` says otherwise)."""
+        from dsa_export.manifest import make_inputs
+
+        unknown = sorted(set(dims or {}) - self.dim_names())
+        if unknown:
+            raise DSAUsageError(f"--dims names {', '.join(unknown)}, which no input of this pipeline has (its dims: "
+                                f"{', '.join(sorted(self.dim_names()))}).")
+        sizes = {"batch": 1, "sequence": 8, "past_sequence": 0, **(dims or {})}
+        sizes.setdefault("total_sequence", sizes["sequence"] + sizes["past_sequence"])
+        return make_inputs(self.inputs, sizes, seed)
 
     def describe(self) -> list[dict[str, Any]]:
         return [handle.describe() for handle in self.handles]

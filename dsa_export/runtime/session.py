@@ -103,7 +103,8 @@ def _looks_like_engine(path: Path) -> bool:
 
 def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
          **options: Any) -> Session:
-    """Open a build folder, an engine file, the ``onnxruntime/`` artifact or a plain .onnx.
+    """Open a build folder, an engine file, the ``onnxruntime/`` artifact, a plain .onnx, or a
+    pipeline folder (``pipeline.json``: a :class:`~dsa_export.runtime.pipeline.PipelineSession`).
 
     ``runtime``: ``engine`` or ``onnxruntime`` to insist on one; ``auto`` takes the folder's engine
     when the gate accepts it on this machine and otherwise its ONNX Runtime artifact, with a note
@@ -117,6 +118,12 @@ def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify
         raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
     from dsa_export.runtime import onnxrt
 
+    from dsa_export.manifest import PIPELINE_NAME
+
+    if path.is_dir() and (path / PIPELINE_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
+        from dsa_export.runtime.pipeline import PipelineSession
+
+        return PipelineSession.open(path, runtime, verify=verify, **options)
     if path.is_file():
         if path.suffix == ".onnx":
             if runtime == "engine":

@@ -17,6 +17,7 @@ their own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -159,6 +160,18 @@ class EngineSession(Session):
         with self.torch.cuda.device(self.device_index):
             return self._run_on_device(feeds)
 
+    def run_resident(self, feeds: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+        """Run with inputs that may be torch tensors already on this GPU (the decode caches a
+        pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`); the outputs named in
+        ``keep`` stay there as torch tensors, the others come back as numpy. Host inputs are
+        checked as :meth:`run` checks them; device ones are the engine's own earlier outputs."""
+        from dsa_export.manifest import check_feeds
+
+        host = {name: value for name, value in feeds.items() if not self.torch.is_tensor(value)}
+        host = check_feeds([spec for spec in self.inputs if spec.name in host], host, "the model")
+        with self.torch.cuda.device(self.device_index):
+            return self._run_on_device({**feeds, **host}, keep)
+
     def _use_profile(self, index: int) -> None:
         if index == self.active_profile:
             return
@@ -173,14 +186,16 @@ class EngineSession(Session):
                                "see the log above.")
         self.active_profile = index
 
-    def _run_on_device(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_on_device(self, feeds: dict[str, Any], resident: set[str] = frozenset()) -> dict[str, Any]:
         torch = self.torch
         engine, context = self.engine, self.context
         # The shape and address calls below apply to the profile selected here.
-        self._use_profile(self.select_profile({name: tuple(np.shape(value)) for name, value in feeds.items()}))
+        self._use_profile(self.select_profile({name: tuple(value.shape) for name, value in feeds.items()}))
         keep = []
         for name in self.input_names:
-            tensor = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device, torch_dtype(torch, engine.get_tensor_dtype(name)))
+            value = feeds[name]
+            tensor = (value if torch.is_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))).to(
+                self.device, torch_dtype(torch, engine.get_tensor_dtype(name)))
             keep.append(tensor)
             if not context.set_input_shape(name, tuple(tensor.shape)):
                 raise DSAUserError(f"the engine rejected shape {tuple(tensor.shape)} for input '{name}'.")
@@ -198,7 +213,8 @@ class EngineSession(Session):
             raise DSAUserError("TensorRT failed to enqueue the engine (see the log above).")
         self.stream.synchronize()
         del keep
-        return {name: (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy() for name, t in outputs.items()}
+        return {name: t if name in resident else (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
+                for name, t in outputs.items()}
 
     def _set_address(self, name: str, tensor) -> None:
         if not self.context.set_tensor_address(name, tensor.data_ptr()):

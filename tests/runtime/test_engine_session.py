@@ -62,6 +62,7 @@ def fake_torch():
         int8=np.int8, uint8=np.uint8, bool=np.bool_, float8_e4m3fn="fp8-unused",
         device=lambda kind, index: f"{kind}:{index}",
         from_numpy=lambda a: FakeTensor(np.asarray(a)),
+        is_tensor=lambda value: isinstance(value, FakeTensor),
         empty=lambda shape, dtype, device: FakeTensor(np.zeros(shape, dtype=dtype)),
         cuda=types.SimpleNamespace(Stream=Stream, current_stream=lambda device: "current", device=CurrentDevice),
         log=log,
@@ -154,3 +155,22 @@ def test_engine_session_sets_shapes_addresses_and_stream(tmp_path):
     with pytest.raises(DSAUserError, match=r"sequence 33 .*outside the optimization profile of the engine"):
         session.run({"input_ids": np.zeros((1, 33), dtype=np.int64)})
     assert calls["shapes"] == {}  # rejected before anything reached the engine
+
+
+def test_run_resident_keeps_the_named_outputs_on_the_device(tmp_path):
+    """What a pipeline stage does with its caches: they come back as device tensors and go in as
+    such on the next call, never through the host."""
+    from dsa_export.runtime.tensorrt import EngineSession
+
+    torch = fake_torch()
+    trt, engine, calls = fake_trt_and_engine()
+    session = EngineSession(trt, engine, Manifest(MANIFEST, tmp_path / "manifest.json"), 0, torch, "fake", [])
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+    out = session.run_resident({"input_ids": ids}, {"logits"})
+    assert isinstance(out["logits"], FakeTensor)  # not copied to the host
+    np.testing.assert_array_equal(out["logits"].array, ids[..., None] * np.arange(4, dtype=np.float32))
+    on_device = torch.from_numpy(ids)
+    out = session.run_resident({"input_ids": on_device}, set())
+    assert isinstance(out["logits"], np.ndarray)
+    with pytest.raises(DSAUserError, match="token id|vocabulary|outside"):
+        session.run_resident({"input_ids": np.full((1, 3), 99, np.int64)}, set())  # host inputs are checked

@@ -325,3 +325,47 @@ def test_generate_stops_when_every_sequence_ended():
     assert result.tokens.tolist() == [[3], [3]]
     result = generate(model, np.zeros((2, 4), np.int64), SamplingSettings(max_new_tokens=5))
     assert result.tokens.shape == (2, 5) and result.steps == 4
+
+
+def test_run_takes_a_pipeline_folder(builds):
+    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    result = _cli("run", out, "--dims", "batch=2,sequence=5", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["runtime"].startswith("pipeline of 3 stages")
+    shapes = {o["name"]: o["shape"] for o in report["outputs"]}
+    assert shapes["logits"] == [2, 5, 128] and shapes["present_latent_3"][:2] == [2, 5]
+
+
+def test_a_stage_keeps_an_engines_caches_on_its_device():
+    class Resident:
+        """An engine-like session (a test double): ``run_resident`` returns the kept outputs as
+        opaque device handles, which must come back unchanged as the next call's past."""
+
+        kind, notes = "resident", []
+        inputs = [TensorSpec("hidden_states", "float32", ("batch", "sequence", 2)),
+                  TensorSpec("past_k", "float32", ("batch", "past_sequence", 2))]
+        outputs = [TensorSpec("hidden_states_out", "float32", ("batch", "sequence", 2)),
+                   TensorSpec("present_k", "float32", ("batch", "total_sequence", 2))]
+
+        def __init__(self):
+            self.seen = []
+
+        def run(self, feeds):
+            raise AssertionError("a slot call must not go through run()")
+
+        def run_resident(self, feeds, keep):
+            self.seen.append(feeds["past_k"])
+            assert keep == {"present_k"}
+            return {"hidden_states_out": feeds["hidden_states"] * 2, "present_k": ("device", len(self.seen))}
+
+        def close(self):
+            pass
+
+    session = Resident()
+    stage = LocalStage(0, session, [], "cuda:0")
+    h = np.ones((1, 1, 2), np.float32)
+    out = stage.run({"hidden_states": h}, "s")
+    assert set(out) == {"hidden_states_out"} and isinstance(session.seen[0], np.ndarray)
+    stage.run({"hidden_states": h}, "s")
+    assert session.seen[1] == ("device", 1)  # the previous present, untouched
