@@ -2,13 +2,17 @@
 """Speed of the block-sparse CPU op with a sparse pattern against all blocks (a command, not a test).
 
     python tools/bench_block_sparse.py [--seq 8192] [--heads 16] [--kv-heads 1,16] [--head-dim 64]
-        [--block-size 64] [--density 0.1] [--selection grid|allowed] [--repeats 3] [--json OUT]
+        [--block-size 64] [--density 0.1] [--selection grid|allowed] [--repeats 5] [--json OUT]
 
-For each kv-head count, times ``dsa_block_sparse_attention`` (causal, B = 1, float32) twice in one
-run: with a random pattern that selects ``density`` of the blocks, and with every causally allowed
-block selected. Prints the median of ``--repeats`` timings of each and their ratio (all / sparse),
-checks a few query rows of both against a float64 computation over the same keys (a case that
-disagrees fails the command), and prints the pattern's CSR storage next to the dense masks.
+For each kv-head count, times ``dsa_block_sparse_attention`` (causal, B = 1, float32) in one run:
+with a random pattern that selects ``density`` of the blocks, and with every causally allowed
+block selected. The two calls alternate (sparse, all, sparse, all, ...), so load that other jobs
+put on a shared machine falls on both alike. Prints the median wall time of ``--repeats`` calls of
+each, the ratio of the medians (all / sparse), the median and range of the ratios of the pairs
+taken one after the other, and the same ratio in process CPU time (what the op itself used,
+less disturbed by other jobs than wall time). Checks a few query rows of both against a float64
+computation over the same keys (a case that disagrees fails the command), and prints the
+pattern's CSR storage next to the dense masks.
 
 ``--selection grid`` (default, the stricter one): every query block lists ``ceil(density * nkb)``
 key blocks of the whole ``nqb x nkb`` grid (its diagonal block and random earlier ones; early
@@ -72,14 +76,17 @@ def check_rows(out, q, k, v, index, bs, scale, blocks=(0, 1, -1)) -> float:
     return worst
 
 
-def median_seconds(fn, repeats: int) -> tuple[float, object]:
-    result = fn()  # warm-up (allocator, thread pool)
-    times = []
+def interleaved_seconds(fns, repeats: int) -> tuple[list[list[tuple[float, float]]], list[object]]:
+    """(per function, its ``repeats`` (wall s, process CPU s) pairs; its last result), the functions
+    called in turn ``repeats`` times after one untimed call each (allocator, thread pool)."""
+    results = [fn() for fn in fns]
+    times: list[list[tuple[float, float]]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        for i, fn in enumerate(fns):
+            wall, cpu = time.perf_counter(), time.process_time()
+            results[i] = fn()
+            times[i].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return times, results
 
 
 def main() -> int:
@@ -91,7 +98,7 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--density", type=float, default=0.1)
     parser.add_argument("--selection", choices=("grid", "allowed"), default="grid")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
@@ -122,17 +129,22 @@ def main() -> int:
             with torch.no_grad():
                 return dsa_block_sparse_attention(q, k, v, index, block_size=bs, scale=scale, causal=True)
 
-        sparse_s, sparse_out = median_seconds(lambda: run(sparse_index), args.repeats)
-        dense_s, dense_out = median_seconds(lambda: run(dense_index), args.repeats)
+        (sparse_t, dense_t), (sparse_out, dense_out) = interleaved_seconds(
+            [lambda: run(sparse_index), lambda: run(dense_index)], args.repeats)
         err = max(check_rows(sparse_out, q, k, v, sparse_index, bs, scale),
                   check_rows(dense_out, q, k, v, dense_index, bs, scale))
         ok = err <= 1e-4
         failed |= not ok
+        sparse_s, dense_s = (statistics.median(w for w, _ in t) for t in (sparse_t, dense_t))
+        sparse_cpu, dense_cpu = (statistics.median(c for _, c in t) for t in (sparse_t, dense_t))
         ratio = dense_s / sparse_s
+        pairs = sorted(d[0] / s_[0] for s_, d in zip(sparse_t, dense_t))
         print(f"  Hkv={hkv:<3} sparse {sparse_s * 1e3:8.1f} ms  all {dense_s * 1e3:8.1f} ms  ratio {ratio:5.2f}x  "
-              f"max error {err:.1e}{'' if ok else '  WRONG'}")
-        results.append({"kv_heads": hkv, "sparse_s": sparse_s, "all_s": dense_s, "ratio": ratio, "max_error": err,
-                        "correct": ok})
+              f"(pairs: median {statistics.median(pairs):.2f}x, {pairs[0]:.2f}-{pairs[-1]:.2f}; CPU time "
+              f"{dense_cpu / sparse_cpu:.2f}x)  max error {err:.1e}{'' if ok else '  WRONG'}")
+        results.append({"kv_heads": hkv, "sparse_s": sparse_s, "all_s": dense_s, "ratio": ratio,
+                        "pair_ratios": pairs, "cpu_ratio": dense_cpu / sparse_cpu,
+                        "sparse_times_s": sparse_t, "all_times_s": dense_t, "max_error": err, "correct": ok})
     if args.json is not None:
         args.json.write_text(json.dumps({"seq": s, "heads": h, "head_dim": d, "block_size": bs,
                                          "density": args.density, "selection": args.selection,
