@@ -1,5 +1,6 @@
 """The benchmark stage: one DSA attention layer against the same layer with dense causal attention,
-across sequence lengths and runtimes, with medians, peak memory, growth exponents, FLOP counts,
+block-sparse attention and LSH bucketed attention, across sequence lengths and runtimes, with
+medians, peak memory, growth exponents, FLOP counts, sparsity, the CSR storage of block masks,
 plots and the seed documents' claims next to the measurements (docs/bench.md)."""
 
 from dsa_export.bench.flops import FlopCount, layer_flops, sparsity

@@ -31,9 +31,12 @@ class Backend:
 
     def __init__(self, settings: BenchSettings):
         self.settings = settings
-        self.last_indices: torch.Tensor | None = None
-        #: Seconds spent in the DSA layer's parts per call, where the backend can time them
-        #: synchronously (``indexer``: indexer scores + top-k; ``sparse_attention``).
+        #: The selection of each variant's last call (dsa: indices ``[B,L,K]``; block:
+        #: ``block_index [B,H,nqb,Kb]``; lsh: indices ``[B*H,L,K]``).
+        self.last_selection: dict[str, torch.Tensor] = {}
+        #: Seconds spent in the layers' parts per call, where the backend can time them
+        #: synchronously (``indexer``: DSA's indexer scores + top-k; ``selection``: the block and
+        #: LSH selections; ``sparse_attention``, ``block_sparse_attention``, ``dense_attention``).
         self.part_seconds: dict[str, list[float]] = {}
 
     @classmethod
@@ -53,9 +56,10 @@ class Backend:
             return thunk(), None
         return memory.measure_peak_rss(thunk)
 
-    def selected_indices(self) -> torch.Tensor | None:
-        """The indices of the last DSA call (for the measured sparsity), on the CPU."""
-        return None if self.last_indices is None else self.last_indices.cpu()
+    def selected_indices(self, variant: str = "dsa") -> torch.Tensor | None:
+        """The selection of the variant's last call (for the measured sparsity), on the CPU."""
+        selection = self.last_selection.get(variant)
+        return None if selection is None else selection.cpu()
 
     def gemm_gflops(self) -> float | None:
         """GFLOP/s of a plain float32 matmul of the layer's projection shape on this runtime."""
@@ -72,12 +76,29 @@ class Backend:
         pass
 
 
-def _recording_indexer(backend: Backend, indexer: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _recording_indexer(backend: Backend, indexer: Callable[..., torch.Tensor],
+                       variant: str = "dsa") -> Callable[..., torch.Tensor]:
+    """``indexer`` (or a block/LSH selection function) that keeps its result as the variant's selection."""
+
     def record(*args, **kwargs):
-        backend.last_indices = indexer(*args, **kwargs)
-        return backend.last_indices
+        backend.last_selection[variant] = indexer(*args, **kwargs)
+        return backend.last_selection[variant]
 
     return record
+
+
+def _wire_selections(backend: Backend, blocks: dict[str, AttentionBlock], timed: bool) -> None:
+    """Record (and with ``timed``, time) the block and LSH layers' selections and attention."""
+    for variant in ("block", "lsh"):
+        block = blocks.get(variant)
+        if block is None:
+            continue
+        select = _recording_indexer(backend, block.selection_fn, variant)
+        block.selection_fn = _timed_part(backend, "selection", select) if timed else select
+        if timed and variant == "block":
+            block.block_attention_fn = _timed_part(backend, "block_sparse_attention", block.block_attention_fn)
+        elif timed:
+            block.attention_fn = _timed_part(backend, "sparse_attention", block.attention_fn)
 
 
 def _timed_part(backend: Backend, part: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -102,12 +123,15 @@ class TorchBackend(Backend):
         super().__init__(settings)
         if settings.threads:
             torch.set_num_threads(settings.threads)
-        self.blocks = make_blocks(settings.block)
-        dsa = self.blocks["dsa"]
-        dsa.indexer_fn = _timed_part(self, "indexer", _recording_indexer(self, dsa.indexer_fn))
-        dsa.attention_fn = _timed_part(self, "sparse_attention", dsa.attention_fn)
-        dense = self.blocks["dense"]
-        dense.dense_attention_fn = _timed_part(self, "dense_attention", dense.dense_attention_fn)
+        self.blocks = make_blocks(settings.block, settings.variants)
+        dsa = self.blocks.get("dsa")
+        if dsa is not None:
+            dsa.indexer_fn = _timed_part(self, "indexer", _recording_indexer(self, dsa.indexer_fn))
+            dsa.attention_fn = _timed_part(self, "sparse_attention", dsa.attention_fn)
+        dense = self.blocks.get("dense")
+        if dense is not None:
+            dense.dense_attention_fn = _timed_part(self, "dense_attention", dense.dense_attention_fn)
+        _wire_selections(self, self.blocks, timed=True)
         self._inputs: dict[int, torch.Tensor] = {}
 
     def _input(self, seq_len: int) -> torch.Tensor:
@@ -134,11 +158,12 @@ class TorchBackend(Backend):
 
 
 class OnnxRuntimeBackend(Backend):
-    """Both variants exported with the project's exporter (``dsa`` nodes run as function bodies).
+    """Every variant exported with the project's exporter (``dsa`` nodes run as function bodies).
 
-    The DSA file also returns its indexer's selection, so every DSA call is checked against our
-    torch layer (same weights, same input): selections compared as sets per query, outputs by
-    their largest difference.
+    The DSA, block and LSH files also return their selection (the indexer's indices, the
+    ``block_index``, the LSH indices), so every call is checked against our torch layer (same
+    weights, same input): selections compared as sets per row (a query, or a head's query block),
+    outputs by their largest difference.
     """
 
     name = "onnxruntime"
@@ -158,10 +183,13 @@ class OnnxRuntimeBackend(Backend):
         self.sessions = {}
         self.export_s: dict[str, float] = {}
         threads = settings.threads or torch.get_num_threads()
-        export_settings = ExportSettings(ops="plugin", batch=2, seq_len=64)
-        self.blocks = make_blocks(cfg)
+        self.blocks = make_blocks(cfg, settings.variants)
         for variant, block in self.blocks.items():
             start = time.perf_counter()
+            # The block layer's example holds two and a half blocks: with one whole block the
+            # exporter would specialize the sequence to it (ceil(S/bs) = 1 and no ragged block).
+            seq = 2 * cfg.block_size + cfg.block_size // 2 if variant == "block" else 64
+            export_settings = ExportSettings(ops="plugin", batch=2, seq_len=max(seq, 3))
             example = make_input(cfg, export_settings.seq_len).expand(export_settings.batch, -1, -1).contiguous()
             source = ModelSource(
                 reference=ModelReference("module", name=f"bench:{variant}-block"), module=block,
@@ -169,8 +197,8 @@ class OnnxRuntimeBackend(Backend):
                 config={"bench_block": {**cfg.__dict__, "variant": variant}},
             )
             model = export_model(source, export_settings)
-            if variant == "dsa":
-                _output_selection(model)
+            if variant in _SELECTION_NODE:
+                _output_selection(model, variant)
             path = save_model(model, Path(self._tmp.name) / f"{variant}.onnx")
             self.export_s[variant] = time.perf_counter() - start
             self.sessions[variant] = session(path, threads=threads, memory_arena=False)
@@ -200,9 +228,9 @@ class OnnxRuntimeBackend(Backend):
 
         return run
 
-    def selected_indices(self) -> torch.Tensor | None:
-        last = self._last.get("dsa")
-        return None if last is None else torch.from_numpy(last[1])
+    def selected_indices(self, variant: str = "dsa") -> torch.Tensor | None:
+        last = self._last.get(variant)
+        return None if last is None or len(last) < 2 else torch.from_numpy(last[1])
 
     def agreement(self, variant: str, seq_len: int) -> dict | None:
         """Our torch layer on the same input, against the last ONNX Runtime call."""
@@ -212,21 +240,22 @@ class OnnxRuntimeBackend(Backend):
         if last is None:
             return None
         block, recorded = self.blocks[variant], {}
-        if variant == "dsa":
-            indexer = block.indexer_fn
+        hook = {"dsa": "indexer_fn", "block": "selection_fn", "lsh": "selection_fn"}.get(variant)
+        if hook is not None:
+            select = getattr(block, hook)
 
             def record(*args, **kwargs):
-                recorded["indices"] = indexer(*args, **kwargs)
+                recorded["indices"] = select(*args, **kwargs)
                 recorded["call"] = (args, kwargs)
                 return recorded["indices"]
 
-            block.indexer_fn = record
+            setattr(block, hook, record)
         try:
             with torch.inference_mode():
                 reference = block(make_input(self.settings.block, seq_len)).numpy().astype(np.float64)
         finally:
-            if variant == "dsa":
-                block.indexer_fn = indexer
+            if hook is not None:
+                setattr(block, hook, select)
         out = last[0].astype(np.float64)
         diff = np.abs(out - reference)
         result = {"reference": "torch", "max_abs_diff": float(diff.max()),
@@ -239,6 +268,12 @@ class OnnxRuntimeBackend(Backend):
             result["selection_differs"] = int((~same).sum())
             result["max_abs_diff_same_selection"] = float(diff[same].max()) if same.any() else None
             result["near_tie_rows"], result["max_near_tie_gap"] = _near_ties(last[1], recorded, ~same)
+        elif variant in ("block", "lsh") and len(last) > 1:
+            # Rows: a head's query block (block) or a head's query (lsh); -1 pads sort first.
+            ours, theirs = np.sort(last[1], axis=-1), np.sort(recorded["indices"].numpy(), axis=-1)
+            same = (ours == theirs).all(-1)
+            result["queries"] = int(same.size)
+            result["selection_differs"] = int((~same).sum())
         return result
 
     def gemm_gflops(self) -> float | None:
@@ -288,10 +323,22 @@ def _near_ties(ours, recorded: dict, differs) -> tuple[int, float]:
     return near, largest
 
 
-def _output_selection(model) -> None:
-    """Make the DSA layer's DSAIndexerTopK output a graph output too (the selection to compare)."""
-    node = next(n for n in model.graph.node if n.op_type == "DSAIndexerTopK")
-    info = next(v for v in model.graph.value_info if v.name == node.output[0])
+#: Where each variant's selection is in its exported graph: (op type, input or output, position).
+_SELECTION_NODE = {"dsa": ("DSAIndexerTopK", "output", 0), "block": ("DSABlockSparseAttention", "input", 3),
+                   "lsh": ("DSASparseAttention", "input", 3)}
+
+
+def _output_selection(model, variant: str = "dsa") -> None:
+    """Make the layer's selection (the DSAIndexerTopK output, the block_index or the LSH indices fed
+    to the attention node) a graph output too: the selection to compare and to measure."""
+    from onnx import TensorProto, helper
+
+    op_type, side, position = _SELECTION_NODE[variant]
+    node = next(n for n in model.graph.node if n.op_type == op_type)
+    name = (node.output if side == "output" else node.input)[position]
+    info = next((v for v in model.graph.value_info if v.name == name), None)
+    if info is None:  # a standard op's output without recorded shape: int32 of unknown shape
+        info = helper.make_tensor_value_info(name, TensorProto.INT32, None)
     model.graph.output.append(info)
 
 
@@ -300,7 +347,9 @@ def _gib(n_bytes: int) -> str:
 
 
 class CudaBackend(Backend):
-    """The plugin kernels (``libdsa_kernels.so`` through its C ABI) against CUDA SDPA, in bf16."""
+    """The plugin kernels (``libdsa_kernels.so`` through its C ABI) against CUDA SDPA, in bf16: the
+    indexer and sparse attention (dsa, and lsh's attention), the block-sparse attention (block); the
+    block and LSH selections run as torch ops on the GPU."""
 
     name = "cuda"
     memory_method = "torch.cuda.max_memory_allocated growth over one call"
@@ -314,8 +363,8 @@ class CudaBackend(Backend):
     def __init__(self, settings: BenchSettings):
         super().__init__(settings)
         self.kernels = load_cuda_kernels()
-        self.blocks = {v: b.to(self.device, self.dtype) for v, b in make_blocks(settings.block).items()}
-        dsa: AttentionBlock = self.blocks["dsa"]
+        self.blocks = {v: b.to(self.device, self.dtype)
+                       for v, b in make_blocks(settings.block, settings.variants).items()}
         kern = self.kernels
 
         def indexer(q, k, w, *, topk, scale, causal):
@@ -324,8 +373,18 @@ class CudaBackend(Backend):
         def attention(q, k, v, indices, *, scale):
             return kern.sparse_attention(q, k, v, indices, scale=scale)
 
-        dsa.indexer_fn = _recording_indexer(self, indexer)
-        dsa.attention_fn = attention
+        def block_attention(q, k, v, block_index, *, block_size, scale, causal):
+            return kern.block_sparse_attention(q, k, v, block_index, block_size=block_size, scale=scale,
+                                               causal=causal)
+
+        if "dsa" in self.blocks:
+            self.blocks["dsa"].indexer_fn = _recording_indexer(self, indexer)
+            self.blocks["dsa"].attention_fn = attention
+        if "block" in self.blocks:
+            self.blocks["block"].block_attention_fn = block_attention
+        if "lsh" in self.blocks:
+            self.blocks["lsh"].attention_fn = attention
+        _wire_selections(self, self.blocks, timed=False)  # selections in torch on the GPU
         self._inputs: dict[int, torch.Tensor] = {}
 
     def call(self, variant: str, seq_len: int) -> Callable[[], object]:

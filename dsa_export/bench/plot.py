@@ -21,7 +21,7 @@ def require_matplotlib() -> None:
         ) from exc
 
 
-_STYLE = {"dsa": "-", "dense": "--"}
+_STYLE = {"dsa": "-", "dense": "--", "block": "-.", "lsh": ":"}
 _COLORS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "cuda": "tab:green"}
 
 
@@ -44,7 +44,7 @@ def save_plot(report: dict, path: str | Path) -> Path:
         fit = report["exponents"].get(f"{backend}/{variant}", {})
         label = f"{backend} {variant}"
         t_label = label + (f" (L^{fit['time']['exponent']:.2f})" if "time" in fit else "")
-        style = dict(color=_COLORS.get(backend, "tab:gray"), linestyle=_STYLE[variant], marker="o", markersize=4)
+        style = dict(color=_COLORS.get(backend, "tab:gray"), linestyle=_STYLE.get(variant, "-"), marker="o", markersize=4)
         ax_time.plot(lengths, [p["median_s"] * 1e3 for p in points], label=t_label, **style)
         mem = [(p["seq_len"], p["peak_bytes"] / 2**20) for p in points if p.get("peak_bytes")]
         if mem:
@@ -62,7 +62,8 @@ def save_plot(report: dict, path: str | Path) -> Path:
         if ax.get_lines():
             ax.legend(fontsize=7)
     fig.suptitle(
-        f"one attention layer: DSA (top-k {cfg['topk']}) vs dense causal, {cfg['heads']} heads x {cfg['head_dim']}, "
+        f"one attention layer: {' / '.join(report['settings'].get('variants', ('dsa', 'dense')))} "
+        f"(top-k {cfg['topk']}), {cfg['heads']} heads x {cfg['head_dim']}, "
         f"hidden {cfg['hidden']}; {where}, {report['date'][:10]}", fontsize=9,
     )
     fig.tight_layout()

@@ -21,25 +21,40 @@ def _saving(fraction: float) -> str:
     return f"{100 * fraction:.0f}% less" if fraction >= 0 else f"{-100 * fraction:.0f}% more"
 
 
+#: Column names of the variants.
+LABELS = {"dsa": "DSA", "dense": "dense", "block": "block", "lsh": "LSH"}
+
+
+def _variants(report: dict) -> list[str]:
+    return list(report["settings"].get("variants", ("dsa", "dense")))
+
+
+def result_header(report: dict) -> list[str]:
+    variants = _variants(report)
+    others = [v for v in variants if v != "dense"] if "dense" in variants else []
+    return ["backend", "L", *(f"{LABELS[v]} ms" for v in variants), *(f"dense/{LABELS[v]} time" for v in others),
+            *(f"{LABELS[v]} MiB" for v in variants), *(f"{LABELS[v]}/dense mem" for v in others)]
+
+
 def results_rows(report: dict) -> list[list[str]]:
-    """One row per (backend, L): times, ratio, memory, memory ratio."""
+    """One row per (backend, L): each variant's time, dense's time over each other's, their memory
+    and each one's memory over dense's."""
     cases = {(c["backend"], c["variant"], c["seq_len"]): c for c in report["cases"]}
     ratios = {(r["backend"], r["seq_len"]): r for r in report["ratios"]}
+    variants = _variants(report)
+    others = [v for v in variants if v != "dense"] if "dense" in variants else []
     rows = []
     for backend in report["settings"]["backends"]:
         for seq_len in report["settings"]["seq_lens"]:
-            dsa, dense = cases.get((backend, "dsa", seq_len)), cases.get((backend, "dense", seq_len))
             ratio = ratios.get((backend, seq_len), {})
-            rows.append([
-                backend, str(seq_len), _ms(dsa), _ms(dense),
-                f"{ratio['dense_over_dsa_time']:.2f}" if "dense_over_dsa_time" in ratio else "-",
-                _mib(dsa), _mib(dense),
-                f"{ratio['dsa_over_dense_memory']:.2f}" if "dsa_over_dense_memory" in ratio else "-",
-            ])
+            row = [backend, str(seq_len)]
+            row += [_ms(cases.get((backend, v, seq_len))) for v in variants]
+            row += [f"{ratio[f'dense_over_{v}_time']:.2f}" if f"dense_over_{v}_time" in ratio else "-" for v in others]
+            row += [_mib(cases.get((backend, v, seq_len))) for v in variants]
+            row += [f"{ratio[f'{v}_over_dense_memory']:.2f}" if f"{v}_over_dense_memory" in ratio else "-"
+                    for v in others]
+            rows.append(row)
     return rows
-
-
-RESULT_HEADER = ["backend", "L", "DSA ms", "dense ms", "dense/DSA time", "DSA MiB", "dense MiB", "DSA/dense mem"]
 
 
 def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:
@@ -58,9 +73,13 @@ def render(report: dict, markdown: bool = False) -> str:
     cfg = report["config"]
     out = [
         f"Layer: hidden {cfg['hidden']}, {cfg['heads']} heads x {cfg['head_dim']} ({cfg['kv_heads']} kv head(s)), "
-        f"indexer {cfg['index_heads']} x {cfg['index_head_dim']}, top-k {cfg['topk']}, batch {cfg['batch']}.",
+        f"indexer {cfg['index_heads']} x {cfg['index_head_dim']}, top-k {cfg['topk']}, batch {cfg['batch']}"
+        + (f"; block layer: {_blocks(cfg)} key blocks of {cfg.get('block_size')} per query block"
+           if "block" in _variants(report) else "")
+        + (f"; LSH layer: {cfg.get('lsh_buckets')} buckets per head, at most {cfg['topk']} keys per query"
+           if "lsh" in _variants(report) else "") + ".",
         "",
-        format_table(RESULT_HEADER, results_rows(report), markdown),
+        format_table(result_header(report), results_rows(report), markdown),
         "",
     ]
     exp_rows = []
@@ -76,18 +95,21 @@ def render(report: dict, markdown: bool = False) -> str:
     split_rows = []
     for case in report["cases"]:
         parts = case.get("parts_median_s")
-        if not parts or case["variant"] != "dsa":
+        if not parts or case["variant"] == "dense":
             continue
-        indexer, attention = parts.get("indexer", 0.0), parts.get("sparse_attention", 0.0)
+        selection = parts.get("indexer", parts.get("selection", 0.0))
+        attention = parts.get("sparse_attention", parts.get("block_sparse_attention", 0.0))
         split_rows.append([
-            case["backend"], str(case["seq_len"]), f"{indexer * 1e3:.1f}", f"{attention * 1e3:.1f}",
-            f"{max(0.0, case['median_s'] - indexer - attention) * 1e3:.1f}",
-            f"{100 * indexer / (indexer + attention):.0f}%" if indexer + attention > 0 else "-",
-            f"{100 * flops[case['seq_len']]['indexer_share']:.0f}%",
+            case["backend"], case["variant"], str(case["seq_len"]), f"{selection * 1e3:.1f}", f"{attention * 1e3:.1f}",
+            f"{max(0.0, case['median_s'] - selection - attention) * 1e3:.1f}",
+            f"{100 * selection / (selection + attention):.0f}%" if selection + attention > 0 else "-",
+            f"{100 * flops[case['seq_len']]['indexer_share']:.0f}%" if case["variant"] == "dsa" else "-",
         ])
     if split_rows:
-        out += [format_table(["backend", "L", "indexer+top-k ms", "sparse attn ms", "rest ms",
-                              "indexer share of time", "indexer share of FLOPs"], split_rows, markdown), ""]
+        out += [format_table(["backend", "variant", "L", "selection ms", "attention ms", "rest ms",
+                              "selection share of time", "indexer share of FLOPs"], split_rows, markdown),
+                "(selection: the indexer + top-k for DSA, the pooled block scores + top-k for block, the hashing "
+                "and bucket selections for LSH)", ""]
     out += _gflops_section(report, markdown)
     agreement_rows = []
     for case in report["cases"]:
@@ -106,41 +128,103 @@ def render(report: dict, markdown: bool = False) -> str:
         out += [format_table(["backend", "variant", "L", "max abs diff vs torch", "max abs torch",
                               "queries selecting other keys", "max abs diff (same keys)", "cosine"],
                              agreement_rows, markdown), ""]
-    sparsity = {s["seq_len"]: s for s in report["sparsity"]}
+    sparsity = {(s.get("variant", "dsa"), s["seq_len"]): s for s in report["sparsity"]}
     flop_rows = []
     for f in report["flops"]:
-        s = sparsity[f["seq_len"]]
+        s = sparsity.get(("dsa", f["seq_len"]))
+        if s is None:
+            continue
         flop_rows.append([
             str(f["seq_len"]), f"{f['indexer'] / 1e9:.1f}", f"{f['sparse_attention'] / 1e9:.1f}",
             f"{f['dense_attention'] / 1e9:.1f}", f"{f['projections'] / 1e9:.1f}", f"{100 * f['indexer_share']:.0f}%",
             f"{f['dense_over_dsa']:.2f}", f"{100 * s['analytic']:.1f}%",
             f"{100 * s['measured']:.1f}%" if s["measured"] is not None else "-",
         ])
-    out += [format_table(
-        ["L", "indexer GFLOP", "sparse attn GFLOP", "dense attn GFLOP", "projections GFLOP", "indexer share",
-         "dense/DSA FLOPs", "sparsity", "measured"], flop_rows, markdown), ""]
-    claim_rows = []
-    for claim in report["claims"]:
-        if claim["claim"].startswith("85-90%"):
-            values = ", ".join(
-                f"L={m['seq_len']}: {100 * (m['measured'] if m['measured'] is not None else m['analytic']):.1f}%"
-                for m in claim["measured"])
-        else:
-            values = ", ".join(f"{m['backend']} L={m['seq_len']}: "
-                               + (f"{m['value']:.2f}x (FLOPs {m['flop_ratio']:.2f}x)" if "faster" in claim["claim"]
-                                  else _saving(m["value"]))
-                               for m in claim["measured"]) or "not measured"
-        claim_rows.append([claim["claim"], values, "yes" if claim["agrees"] else "no"])
-    out.append(format_table(["seed claim", "measured here", "agrees"], claim_rows, markdown))
+    if flop_rows:
+        out += [format_table(
+            ["L", "indexer GFLOP", "sparse attn GFLOP", "dense attn GFLOP", "projections GFLOP", "indexer share",
+             "dense/DSA FLOPs", "sparsity", "measured"], flop_rows, markdown), ""]
+    out += _sparsity_section(report, markdown)
+    out += _csr_section(report, markdown)
+    claim_rows = [[claim["claim"], LABELS.get(claim.get("variant", "dsa"), "-"), _claim_values(claim),
+                   claim.get("verdict", "holds" if claim["agrees"] else "does not hold")]
+                  for claim in report["claims"]]
+    out.append(format_table(["seed claim", "layer", "measured here", "verdict"], claim_rows, markdown))
     for claim in report["claims"]:
         if claim.get("note"):
-            out.append(f"  {claim['claim']}: {claim['note']}")
+            out.append(f"  {claim['claim']} ({LABELS.get(claim.get('variant', 'dsa'), '-')}): {claim['note']}")
     for note in dict.fromkeys(report["notes"]):
         out.append(f"note: {note}")
     return "\n".join(out)
 
 
-_PARTS = (("layer", "layer"), ("indexer", "indexer+top-k"), ("sparse_attention", "sparse attn"),
+def _blocks(cfg: dict) -> int:
+    kb = cfg.get("block_topk")
+    return kb if kb is not None else max(1, cfg["topk"] // cfg.get("block_size", 64))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _claim_values(claim: dict) -> str:
+    """The measured figures of one claim row, in words."""
+    measured = claim["measured"]
+    if claim["claim"].startswith("85-90%"):
+        return ", ".join(f"L={m['seq_len']}: "
+                         + _percent(m["measured"] if m["measured"] is not None else m["analytic"])
+                         for m in measured) or "not measured"
+    if "CSR" in claim["claim"]:
+        at_claim = [m for m in measured if m["block_size"] == 32] or measured  # the claim's 32x32 (all: table)
+        return ", ".join(f"{m['block_size']}x{m['block_size']} L={m['seq_len']}: {m['value']:.2f}x"
+                         for m in at_claim) or "not measured"
+    if "faster" in claim["claim"]:
+        return ", ".join(f"{m['backend']} L={m['seq_len']}: {m['value']:.2f}x"
+                         + (f" (FLOPs {m['flop_ratio']:.2f}x)" if m.get("flop_ratio") is not None else "")
+                         for m in measured) or "not measured"
+    return ", ".join(f"{m['backend']} L={m['seq_len']}: {_saving(m['value'])}" for m in measured) or "not measured"
+
+
+def _sparsity_section(report: dict, markdown: bool) -> list[str]:
+    """Measured (analytic) sparsity of every selection variant at every L."""
+    variants = [v for v in _variants(report) if v != "dense"]
+    if not variants:
+        return []
+    by_key = {(s.get("variant", "dsa"), s["seq_len"]): s for s in report["sparsity"]}
+    rows = []
+    for n in report["settings"]["seq_lens"]:
+        row = [str(n)]
+        for v in variants:
+            s = by_key.get((v, n), {})
+            cell = _percent(s.get("measured"))
+            if s.get("analytic") is not None:
+                cell += f" ({_percent(s['analytic'])})"
+            row.append(cell)
+        rows.append(row)
+    return [format_table(["L", *(f"{LABELS[v]} sparsity" for v in variants)], rows, markdown),
+            "(sparsity: 1 - attended (query, key) pairs / causal pairs, measured from a timed call's selection; "
+            "analytic value in parentheses where K or Kb fixes it)", ""]
+
+
+def _csr_section(report: dict, markdown: bool) -> list[str]:
+    """CSR storage of the block layer's selections against the dense block masks."""
+    rows = [[str(r["seq_len"]), f"{r['block_size']}x{r['block_size']}", str(r["blocks_per_query_block"]),
+             f"{100 * r['density']:.1f}%", str(r["csr_bytes"]), str(r["dense_block_bytes"]),
+             f"{r['saving_vs_dense_block']:.2f}x", str(r["dense_block_bit_bytes"]),
+             f"{r['saving_vs_dense_block_bit']:.2f}x", str(r["narrowest_csr_bytes"]),
+             f"{r['saving_vs_element_mask']:.0f}x"]
+            for r in report.get("csr_storage", [])]
+    if not rows:
+        return []
+    return [format_table(["L", "blocks", "blocks per query block", "density", "CSR B (int32)", "bool block mask B",
+                          "bool/CSR", "bit block mask B", "bit/CSR", "CSR B (narrowest ints)", "element mask/CSR"],
+                         rows, markdown),
+            "(CSR storage of the block layer's selections, ops.csr.csr_storage: row pointers + column ids, per head "
+            "and query block; the same keys per query at both block sizes)", ""]
+
+
+_PARTS = (("layer", "layer"), ("indexer", "indexer+top-k"), ("selection", "selection"),
+          ("sparse_attention", "sparse attn"), ("block_sparse_attention", "block-sparse attn"),
           ("dense_attention", "dense attn"))
 
 

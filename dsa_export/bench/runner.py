@@ -1,4 +1,5 @@
-"""Run the benchmark: every (backend, variant, L) case, then ratios, fits, FLOPs and the seed claims."""
+"""Run the benchmark: every (backend, variant, L) case, then ratios, fits, FLOPs, sparsity, CSR
+storage and the seed claims."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from typing import Callable
 from dsa_export import __version__
 from dsa_export.bench import flops as _flops
 from dsa_export.bench.backends import BACKEND_TYPES, Backend, host_environment
+from dsa_export.bench.claims import CLAIM_MEMORY_SEQ, claims
 from dsa_export.bench.gemm import GEMM_ROWS
 from dsa_export.bench.harness import fit_power_law, time_calls
-from dsa_export.bench.settings import VARIANTS, BenchSettings
+from dsa_export.bench.selection import csr_figures, measured_sparsity
+from dsa_export.bench.settings import SELECTION_VARIANTS, BenchSettings
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "dsa-export-bench/1"
-#: Memory claim of the seed documents is stated at this length.
-CLAIM_MEMORY_SEQ = 2048
+__all__ = ["CLAIM_MEMORY_SEQ", "claims", "exponents", "over_budget", "ratios", "run_bench"]
 
 
 def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = None) -> dict:
@@ -43,11 +45,11 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
                 say(f"{backend.name:<11} GEMM {rate:.1f} GFLOP/s (float32 {GEMM_ROWS}x{settings.block.hidden}"
                     f"x{settings.block.hidden})")
         cases: list[dict] = []
-        sparsity_measured: dict[int, float] = {}
+        sparsity_measured: dict[tuple[str, int], float] = {}
         memory_methods = {}
         for backend in backends:
             memory_methods[backend.name] = backend.memory_method
-            for variant in VARIANTS:
+            for variant in settings.variants:
                 measured: list[tuple[int, float]] = []
                 warmup = settings.warmup
                 for seq_len in settings.seq_lens:
@@ -63,14 +65,15 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
                     case.update(_run_case(backend, variant, seq_len, settings, warmup))
                     if case["min_s"] > settings.warmup_below_s:
                         warmup = 0
-                    if variant == "dsa" and seq_len not in sparsity_measured:
-                        sparsity = _measured_sparsity(backend, seq_len)
+                    if variant in SELECTION_VARIANTS and (variant, seq_len) not in sparsity_measured:
+                        sparsity = measured_sparsity(variant, backend.selected_indices(variant), seq_len,
+                                                     settings.block)
                         if sparsity is not None:
-                            sparsity_measured[seq_len] = sparsity
+                            sparsity_measured[(variant, seq_len)] = sparsity
                     agreement = backend.agreement(variant, seq_len)
                     if agreement is not None:
                         case["agreement"] = agreement
-                    case["gflops"] = achieved_gflops(settings.block, case)
+                    case["gflops"] = achieved_gflops(settings.block, case, sparsity_measured.get((variant, seq_len)))
                     cases.append(case)
                     measured.append((seq_len, case["min_s"]))
                     peak = case.get("peak_bytes")
@@ -83,6 +86,7 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
                 gemm[backend.name]["end"] = backend.gemm_gflops()
             environment.update(backend.environment())
         environment["gemm_gflops"] = gemm
+        storage = _csr_storage(settings, say)
     finally:
         for backend in backends:
             backend.close()
@@ -96,6 +100,7 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
         "settings": {
             "seq_lens": list(settings.seq_lens),
             "backends": list(settings.backends),
+            "variants": list(settings.variants),
             "warmup": settings.warmup,
             "warmup_below_s": settings.warmup_below_s,
             "repeats": settings.repeats,
@@ -110,10 +115,8 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
     report["ratios"] = ratios(cases)
     report["exponents"] = exponents(cases)
     report["flops"] = [_flops.layer_flops(settings.block, n).to_dict() for n in settings.seq_lens]
-    report["sparsity"] = [
-        {"seq_len": n, "analytic": _flops.sparsity(n, settings.block.topk), "measured": sparsity_measured.get(n)}
-        for n in settings.seq_lens
-    ]
+    report["sparsity"] = sparsity_rows(settings, sparsity_measured)
+    report["csr_storage"] = storage
     report["claims"] = claims(report, settings)
     report["notes"] = [case["skipped"] for case in cases if "skipped" in case]
     return report
@@ -148,15 +151,52 @@ def over_budget(measured: list[tuple[int, float]], seq_len: int, budget_s: float
     return None
 
 
-def achieved_gflops(cfg, case: dict) -> dict[str, float]:
-    """GFLOP/s of the layer and of its timed parts, from the counted FLOPs and median times."""
+def sparsity_rows(settings: BenchSettings, measured: dict[tuple[str, int], float]) -> list[dict]:
+    """Per selection variant and L: the analytic sparsity (dsa, block: fixed by K or Kb) and the
+    measured one (from the selection of a timed call; None where no backend returned it)."""
+    cfg, rows = settings.block, []
+    for variant in (v for v in settings.variants if v in SELECTION_VARIANTS):
+        for n in settings.seq_lens:
+            analytic = {"dsa": _flops.sparsity(n, cfg.topk),
+                        "block": _flops.block_sparsity(n, cfg.block_size, cfg.blocks_per_query_block)}.get(variant)
+            rows.append({"variant": variant, "seq_len": n, "analytic": analytic, "measured": measured.get((variant, n))})
+    return rows
+
+
+def _csr_storage(settings: BenchSettings, say: Callable[[str], None]) -> list[dict]:
+    """CSR storage of the block layer's selections at every L (torch, after the timed cases)."""
+    if "block" not in settings.variants:
+        return []
+    from dsa_export.bench.block import make_blocks, make_input
+
+    block = make_blocks(settings.block, ("block",))["block"]
+    rows = []
+    for n in settings.seq_lens:
+        for row in csr_figures(block, make_input(settings.block, n)):
+            rows.append(row)
+            say(f"csr storage L={n:<6} {row['block_size']}x{row['block_size']} blocks, {row['blocks_per_query_block']} "
+                f"per query block: CSR {row['csr_bytes']} B (int32) vs dense block mask {row['dense_block_bytes']} B "
+                f"({row['saving_vs_dense_block']:.2f}x less), density {100 * row['density']:.1f}%")
+    return rows
+
+
+def achieved_gflops(cfg, case: dict, sparsity: float | None = None) -> dict[str, float]:
+    """GFLOP/s of the layer and of its timed parts, from the counted FLOPs and median times (the
+    LSH layer's attention FLOPs from its measured ``sparsity``; without it, no layer rate)."""
     counts = _flops.layer_flops(cfg, case["seq_len"])
-    total = counts.dsa_total if case["variant"] == "dsa" else counts.dense_total
-    result = {"layer": total / case["median_s"] / 1e9}
-    part_flops = {"indexer": counts.indexer_scores, "sparse_attention": counts.sparse_attention,
-                  "dense_attention": counts.dense_attention}
+    lsh_attention = None
+    if case["variant"] == "lsh" and sparsity is not None:
+        lsh_attention = round(4 * cfg.batch * cfg.heads * cfg.head_dim * (1.0 - sparsity)
+                              * _flops.causal_pairs(case["seq_len"]))
+    total = counts.total(case["variant"])
+    if total is None and lsh_attention is not None:
+        total = counts.projections + lsh_attention
+    result = {"layer": total / case["median_s"] / 1e9} if total is not None else {}
+    part_flops = {"indexer": counts.indexer_scores, "dense_attention": counts.dense_attention,
+                  "block_sparse_attention": counts.block_attention,
+                  "sparse_attention": lsh_attention if case["variant"] == "lsh" else counts.sparse_attention}
     for part, seconds in case.get("parts_median_s", {}).items():
-        if part in part_flops and seconds > 0:
+        if part_flops.get(part) is not None and seconds > 0:
             result[part] = part_flops[part] / seconds / 1e9
     return result
 
@@ -185,32 +225,29 @@ def _run_case(backend: Backend, variant: str, seq_len: int, settings: BenchSetti
     return result
 
 
-def _measured_sparsity(backend: Backend, seq_len: int) -> float | None:
-    """1 - (valid selected keys) / (causal pairs), from the indices of the last DSA call."""
-    indices = backend.selected_indices()
-    if indices is None or indices.shape[1] != seq_len:
-        return None
-    batch = indices.shape[0]
-    valid = int((indices >= 0).sum())
-    return 1.0 - valid / (batch * _flops.causal_pairs(seq_len))
-
-
 def _index(cases: list[dict]) -> dict[tuple[str, str, int], dict]:
     return {(c["backend"], c["variant"], c["seq_len"]): c for c in cases if "skipped" not in c}
 
 
 def ratios(cases: list[dict]) -> list[dict]:
-    """Per backend and L: dense time over DSA time (> 1: DSA is faster) and DSA memory over dense."""
+    """Per backend and L where dense ran: dense time over each other variant's time (> 1: that
+    variant is faster; ``dense_over_<variant>_time``) and its memory over dense's
+    (``<variant>_over_dense_memory``)."""
     done = _index(cases)
     rows = []
-    for (backend, variant, seq_len), dsa in sorted(done.items()):
-        dense = done.get((backend, "dense", seq_len))
-        if variant != "dsa" or dense is None:
+    for (backend, variant, seq_len), dense in sorted(done.items()):
+        if variant != "dense":
             continue
-        row = {"backend": backend, "seq_len": seq_len, "dense_over_dsa_time": dense["median_s"] / dsa["median_s"]}
-        if dsa.get("peak_bytes") and dense.get("peak_bytes"):
-            row["dsa_over_dense_memory"] = dsa["peak_bytes"] / dense["peak_bytes"]
-        rows.append(row)
+        row: dict = {"backend": backend, "seq_len": seq_len}
+        for other in ("dsa", "block", "lsh"):
+            case = done.get((backend, other, seq_len))
+            if case is None:
+                continue
+            row[f"dense_over_{other}_time"] = dense["median_s"] / case["median_s"]
+            if case.get("peak_bytes") and dense.get("peak_bytes"):
+                row[f"{other}_over_dense_memory"] = case["peak_bytes"] / dense["peak_bytes"]
+        if len(row) > 2:
+            rows.append(row)
     return rows
 
 
@@ -240,51 +277,3 @@ def exponents(cases: list[dict]) -> dict[str, dict]:
             if fit is not None:
                 result[f"{name}/{part}"] = {"time": fit.to_dict()}
     return result
-
-
-def claims(report: dict, settings: BenchSettings) -> list[dict]:
-    """The seed documents' three claims next to what this run measured."""
-    rows = []
-    by_backend: dict[str, list[dict]] = {}
-    for row in report["ratios"]:
-        by_backend.setdefault(row["backend"], []).append(row)
-    speed = []
-    for backend, rows_b in by_backend.items():
-        longest = max(rows_b, key=lambda r: r["seq_len"])
-        speed.append({"backend": backend, "seq_len": longest["seq_len"], "value": longest["dense_over_dsa_time"],
-                      "flop_ratio": _flops.layer_flops(settings.block, longest["seq_len"]).dense_total
-                      / _flops.layer_flops(settings.block, longest["seq_len"]).dsa_total})
-    rows.append({
-        "claim": "3-5x faster inference on long text",
-        "measured": speed,
-        "unit": "dense time / DSA time at the longest L each backend ran (flop_ratio: the same ratio of FLOPs)",
-        "agrees": bool(speed) and all(3.0 <= s["value"] for s in speed),
-    })
-    memory = [
-        {"backend": r["backend"], "seq_len": r["seq_len"], "value": 1.0 - r["dsa_over_dense_memory"]}
-        for r in report["ratios"]
-        if r["seq_len"] == CLAIM_MEMORY_SEQ and "dsa_over_dense_memory" in r
-    ]
-    rows.append({
-        "claim": f"about 40% less memory at {CLAIM_MEMORY_SEQ} tokens",
-        "measured": memory,
-        "unit": f"1 - DSA peak / dense peak at L={CLAIM_MEMORY_SEQ}",
-        "agrees": bool(memory) and all(0.3 <= m["value"] <= 0.5 for m in memory),
-        **({} if memory else {"note": f"not measured: run with {CLAIM_MEMORY_SEQ} in --seq and memory on"}),
-    })
-    topk = settings.block.topk
-    values = [(s["seq_len"], s["measured"] if s["measured"] is not None else s["analytic"]) for s in report["sparsity"]]
-    in_range = [n for n, v in values if 0.85 <= v <= 0.90]
-    window = _flops.sparsity_range(topk, 0.85, 0.90)
-    where = f"in 85-90% at L = {', '.join(map(str, in_range))} of this run" if in_range else "in 85-90% at no L of this run"
-    rows.append({
-        "claim": "85-90% sparsity",
-        "measured": [{"seq_len": s["seq_len"], "analytic": s["analytic"], "measured": s["measured"]}
-                     for s in report["sparsity"]],
-        "unit": "1 - selected (query, key) pairs / causal pairs",
-        "agrees": bool(in_range),
-        "note": where + "; " + (
-            f"with top-k {topk} the sparsity lies in 85-90% for L = {window[0]}..{window[1]} only, "
-            "it depends on L and k, not on the model" if window else f"never in 85-90% with top-k {topk}"),
-    })
-    return rows

@@ -17,7 +17,18 @@ QUICK_SEQ_LENS = (1024, 2048, 4096, 8192)
 DEFAULT_MAX_ONNXRUNTIME_SEQ = 4096
 #: Seconds one call may take (predicted or measured) before a curve's longer lengths are skipped.
 DEFAULT_TIME_BUDGET_S = 600.0
-VARIANTS = ("dsa", "dense")
+#: The layers ``--case attention`` times, all with the same q/k/v/o weights: ``dsa`` (lightning
+#: indexer + top-k + sparse attention), ``dense`` (causal SDPA), ``block`` (block-sparse attention
+#: over key blocks chosen from mean-pooled scores, the built-in ``block`` model's layer) and ``lsh``
+#: (Reformer LSH buckets, the built-in ``lsh`` model's layer).
+VARIANTS = ("dsa", "dense", "block", "lsh")
+#: All four by default: the report's claims rows for the block-sparse and LSH designs need them.
+DEFAULT_VARIANTS = VARIANTS
+#: Layers that attend to a selection (their sparsity is measured); ``dense`` attends to every key.
+SELECTION_VARIANTS = ("dsa", "block", "lsh")
+#: Block sizes whose CSR storage the report computes for the block layer's selections (the
+#: articles' 32x32 claim and their 64x64 blocks), whatever ``block_size`` is timed.
+CSR_BLOCK_SIZES = (32, 64)
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,16 @@ class BlockConfig:
     key per token, per-head weights), top-``topk`` selection, sparse attention over the selected
     keys, output projection. The dense variant shares every weight and replaces indexer + top-k +
     sparse attention with causal softmax attention over all earlier keys. RoPE is left out: it is
-    O(L) and identical in both variants.
+    O(L) and identical in every variant.
+
+    The ``block`` variant attends, per query head and block of ``block_size`` queries, to the
+    ``blocks_per_query_block`` key blocks whose mean-pooled keys score highest against its
+    mean-pooled queries (the diagonal block always among them; the built-in ``block`` model's
+    selection), through DSABlockSparseAttention. The ``lsh`` variant is Reformer's shared-QK LSH
+    attention of the built-in ``lsh`` model: each head's queries are also its (unit-norm) keys,
+    hashed into ``lsh_buckets`` buckets by seeded random rotations; each query attends to the
+    ``topk`` latest keys of its bucket (itself included), through DSASparseAttention with the heads
+    folded into the batch; values come from the layer's kv head(s).
 
     Attributes:
         hidden: model width (input and output features of the layer).
@@ -39,9 +59,13 @@ class BlockConfig:
         head_dim: query/key and value size per head.
         index_heads: lightning-indexer heads.
         index_head_dim: lightning-indexer query/key size.
-        topk: keys each query attends to in the DSA variant.
+        topk: keys each query attends to in the DSA variant, and at most in the LSH variant.
         batch: batch size of the timed inputs.
         seed: seed of the weights and inputs.
+        block_size: query and key block size of the block variant.
+        block_topk: key blocks per query block of the block variant; None: ``topk // block_size``
+            (at least 1), so that it attends to as many keys per query as the DSA variant.
+        lsh_buckets: LSH buckets per head (even: the hash is ``argmax([xR, -xR])``).
     """
 
     hidden: int = 1024
@@ -53,13 +77,31 @@ class BlockConfig:
     topk: int = 512
     batch: int = 1
     seed: int = 0
+    block_size: int = 64
+    block_topk: int | None = None
+    lsh_buckets: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "heads", "kv_heads", "head_dim", "index_heads", "index_head_dim", "topk", "batch"):
+        for name in ("hidden", "heads", "kv_heads", "head_dim", "index_heads", "index_head_dim", "topk", "batch",
+                     "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1.")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}).")
+        if self.block_topk is not None and self.block_topk < 1:
+            raise ValueError("block_topk must be at least 1.")
+        if self.lsh_buckets < 2 or self.lsh_buckets % 2:
+            raise ValueError(f"lsh_buckets must be even and at least 2, not {self.lsh_buckets}.")
+
+    @property
+    def blocks_per_query_block(self) -> int:
+        """Key blocks each query block of the block variant attends to."""
+        return self.block_topk if self.block_topk is not None else max(1, self.topk // self.block_size)
+
+    def blocks_at(self, block_size: int) -> int:
+        """Key blocks per query block that attend to as many keys as the timed block variant, at
+        another block size (the CSR storage figures at 32x32 and 64x64)."""
+        return max(1, self.blocks_per_query_block * self.block_size // block_size)
 
 
 @dataclass(frozen=True)
@@ -69,6 +111,8 @@ class BenchSettings:
     Attributes:
         seq_lens: sequence lengths L (prefill: L queries over L keys), run in increasing order.
         backends: which of :data:`BACKENDS` to run, in this order.
+        variants: which of :data:`VARIANTS` to time on every backend, in this order (the ratios
+            and speed-up claims need ``dense``).
         block: the layer that is timed.
         warmup: untimed calls before the timed ones at every (backend, variant, L) while calls
             are short: once a call at a shorter L took more than ``warmup_below_s`` seconds, longer
@@ -89,6 +133,7 @@ class BenchSettings:
 
     seq_lens: tuple[int, ...] = DEFAULT_SEQ_LENS
     backends: tuple[str, ...] = DEFAULT_BACKENDS
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     block: BlockConfig = BlockConfig()
     warmup: int = 1
     warmup_below_s: float = 1.0
@@ -109,6 +154,11 @@ class BenchSettings:
             raise ValueError(f"unknown backend(s) {unknown}; choose from {', '.join(BACKENDS)}.")
         if len(set(self.backends)) != len(self.backends):
             raise ValueError("a backend is listed twice.")
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown or not self.variants:
+            raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}.")
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError("a variant is listed twice.")
         if self.repeats < 1 or self.warmup < 0 or self.threads < 0 or self.case_budget_s <= 0:
             raise ValueError("repeats must be at least 1, warmup and threads at least 0, the case budget positive.")
         object.__setattr__(self, "seq_lens", tuple(sorted(set(self.seq_lens))))

@@ -12,26 +12,55 @@ from dsa_export.cli.options import INT_LIST
 from dsa_export.errors import DSAUsageError
 
 
-class _BackendList(click.ParamType):
-    name = "B,B,..."
+class _NameList(click.ParamType):
+    """A comma-separated list of known names (a tuple passes through: a default already converted)."""
+
+    def choices(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def unknown_message(self, value) -> str:
+        raise NotImplementedError
 
     def convert(self, value, param, ctx):
-        from dsa_export.bench.settings import BACKENDS, MOE_BACKENDS
-
         if isinstance(value, tuple):
             return value
         items = tuple(v.strip() for v in str(value).split(",") if v.strip())
-        known = (*BACKENDS, *MOE_BACKENDS)
-        unknown = [v for v in items if v not in known]
-        if not items or unknown:
-            self.fail(f"'{value}' names no known backend; choose from {', '.join(BACKENDS)} (--case attention) "
-                      f"or {', '.join(MOE_BACKENDS)} (--case moe).", param, ctx)
+        if not items or any(v not in self.choices() for v in items):
+            self.fail(self.unknown_message(value), param, ctx)
         return items
+
+
+class _VariantList(_NameList):
+    name = "V,V,..."
+
+    def choices(self) -> tuple[str, ...]:
+        from dsa_export.bench.settings import VARIANTS
+
+        return VARIANTS
+
+    def unknown_message(self, value) -> str:
+        return f"'{value}' names no known variant; choose from {', '.join(self.choices())}."
+
+
+class _BackendList(_NameList):
+    name = "B,B,..."
+
+    def choices(self) -> tuple[str, ...]:
+        from dsa_export.bench.settings import BACKENDS, MOE_BACKENDS
+
+        return (*BACKENDS, *MOE_BACKENDS)
+
+    def unknown_message(self, value) -> str:
+        from dsa_export.bench.settings import BACKENDS, MOE_BACKENDS
+
+        return (f"'{value}' names no known backend; choose from {', '.join(BACKENDS)} (--case attention) "
+                f"or {', '.join(MOE_BACKENDS)} (--case moe).")
 
 
 #: Options that belong to one case only (name of the parameter -> case).
 _CASE_OPTIONS = {
-    "seq_lens": ("attention", "--seq"), "topk": ("attention", "--topk"),
+    "seq_lens": ("attention", "--seq"), "topk": ("attention", "--topk"), "variants": ("attention", "--variants"),
+    "block_size": ("attention", "--block-size"), "lsh_buckets": ("attention", "--lsh-buckets"),
     "max_onnxruntime_seq": ("attention", "--max-onnxruntime-seq"),
     "tokens": ("moe", "--tokens"), "experts": ("moe", "--experts"), "hidden": ("moe", "--hidden"),
     "intermediate": ("moe", "--intermediate"), "top_k": ("moe", "--top-k"), "dtype": ("moe", "--dtype"),
@@ -47,7 +76,18 @@ _CASE_OPTIONS = {
               help="Sequence lengths L (prefill of L tokens). 1024,2048,4096,8192 finishes in about 1-2 "
                    "minutes on 2 CPU cores with OMP_WAIT_POLICY=PASSIVE.")
 @click.option("--topk", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Keys each query attends to in the DSA layer.")
+              help="Keys each query attends to in the DSA layer (and at most in the LSH layer; the block layer "
+                   "attends to topk / block-size key blocks per query block).")
+@click.option("--variants", type=_VariantList(), default="dsa,dense,block,lsh", show_default=True,
+              help="Layers to time, all with the same q/k/v/o weights: dsa (lightning indexer + top-k + sparse "
+                   "attention), dense (causal SDPA), block (block-sparse attention over key blocks chosen from "
+                   "mean-pooled scores), lsh (Reformer LSH buckets, per head). dsa,dense is the faster set of "
+                   "earlier releases.")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Block size of the block layer (the CSR storage figures are computed at 32x32 and 64x64 "
+                   "either way).")
+@click.option("--lsh-buckets", "lsh_buckets", type=click.IntRange(min=2), default=8, show_default=True,
+              help="LSH buckets per head of the lsh layer (even).")
 @click.option("--backends", type=_BackendList(), default=None,
               help="attention (default torch,onnxruntime): torch (our CPU ops vs SDPA), onnxruntime (exported "
                    "layers on the CPU provider), cuda (plugin kernels vs CUDA SDPA; needs a GPU and the kernel "
@@ -94,14 +134,16 @@ _CASE_OPTIONS = {
               help="Write log-log plots of latency and memory against L (or N for --case moe) to this PNG "
                    "(needs matplotlib).")
 @click.pass_context
-def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
+def command(ctx, case, seq_lens, topk, variants, block_size, lsh_buckets, backends, tokens, experts, hidden, intermediate, top_k, dtype, batched_mm_limit,
             repeats, warmup, case_budget_s, max_onnxruntime_seq, time_budget_s, threads, no_memory, json_arg, json_out,
             markdown_out, plot_out) -> None:
-    """Time one DSA attention layer (indexer + top-k + sparse attention) against the same layer with
-    dense causal attention across sequence lengths (--case attention), or one DeepSeek-V3.2-width
-    MoE layer with our routed-experts op against transformers' eager and batched_mm experts and
-    ONNX Runtime across token counts (--case moe); report medians, peak memory next to them,
-    ratios and growth exponents (attention also: the FLOP split and the seed documents' claims)."""
+    """Time one DSA attention layer (indexer + top-k + sparse attention), the same layer with dense
+    causal attention, with block-sparse attention and with LSH bucketed attention across sequence
+    lengths (--case attention), or one DeepSeek-V3.2-width MoE layer with our routed-experts op
+    against transformers' eager and batched_mm experts and ONNX Runtime across token counts
+    (--case moe); report medians, peak memory next to them, ratios and growth exponents
+    (attention also: the FLOP split, each selection's sparsity, the CSR storage of the block
+    masks and the seed documents' claims with a verdict)."""
     from click.core import ParameterSource
 
     for name, (owner, flag) in _CASE_OPTIONS.items():
@@ -125,7 +167,7 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
                                  repeats, warmup, case_budget_s, threads, no_memory, time_budget_s)
     else:
         settings = _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
-                                       max_onnxruntime_seq, time_budget_s)
+                                       max_onnxruntime_seq, time_budget_s, variants, block_size, lsh_buckets)
     if plot_out is not None:
         from dsa_export.bench.plot import require_matplotlib
 
@@ -170,7 +212,7 @@ def command(ctx, case, seq_lens, topk, backends, tokens, experts, hidden, interm
 
 
 def _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s, threads, no_memory,
-                        max_onnxruntime_seq, time_budget_s):
+                        max_onnxruntime_seq, time_budget_s, variants=("dsa", "dense"), block_size=64, lsh_buckets=8):
     from dsa_export.bench.settings import BACKENDS, DEFAULT_BACKENDS, BenchSettings, BlockConfig
 
     backends = backends or DEFAULT_BACKENDS
@@ -180,10 +222,15 @@ def _attention_settings(backends, seq_lens, topk, repeats, warmup, case_budget_s
                             f"from {', '.join(BACKENDS)}.")
     if min(seq_lens) < 2:
         raise DSAUsageError("every --seq length must be at least 2.")
+    if len(set(variants)) != len(variants):
+        raise DSAUsageError(f"--variants lists a variant twice ({','.join(variants)}); name each once.")
+    if lsh_buckets % 2:
+        raise DSAUsageError(f"--lsh-buckets must be even (the hash is argmax([xR, -xR])), not {lsh_buckets}.")
     return BenchSettings(
-        seq_lens=seq_lens, backends=backends, block=BlockConfig(topk=topk), warmup=warmup, repeats=repeats,
-        case_budget_s=case_budget_s, memory=not no_memory, threads=threads, max_onnxruntime_seq=max_onnxruntime_seq,
-        **({} if time_budget_s is None else {"time_budget_s": time_budget_s}),
+        seq_lens=seq_lens, backends=backends, variants=variants,
+        block=BlockConfig(topk=topk, block_size=block_size, lsh_buckets=lsh_buckets), warmup=warmup,
+        repeats=repeats, case_budget_s=case_budget_s, memory=not no_memory, threads=threads,
+        max_onnxruntime_seq=max_onnxruntime_seq, **({} if time_budget_s is None else {"time_budget_s": time_budget_s}),
     )
 
 

@@ -7,9 +7,10 @@ import torch
 from dsa_export.bench import backends
 from dsa_export.bench.block import make_blocks, make_input
 from dsa_export.bench.settings import BenchSettings, BlockConfig
-from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
+from dsa_export.ops import dsa_block_sparse_attention, dsa_indexer_topk, dsa_sparse_attention
 
-CFG = BlockConfig(hidden=64, heads=4, kv_heads=1, head_dim=16, index_heads=16, index_head_dim=16, topk=8)
+CFG = BlockConfig(hidden=64, heads=4, kv_heads=1, head_dim=16, index_heads=16, index_head_dim=16, topk=8,
+                  block_size=8, lsh_buckets=4)
 
 
 class StandInKernels:
@@ -30,6 +31,11 @@ class StandInKernels:
         assert indices.dtype == torch.int32 and q.shape[2] % k.shape[2] == 0
         self.calls.append("sparse_attention")
         return dsa_sparse_attention(q, k, v, indices, scale=scale)
+
+    def block_sparse_attention(self, q, k, v, block_index, *, block_size, scale, causal=True):
+        assert block_index.dim() == 4 and block_index.shape[:3] == (q.shape[0], q.shape[2], -(-q.shape[1] // block_size))
+        self.calls.append("block_sparse_attention")
+        return dsa_block_sparse_attention(q, k, v, block_index, block_size=block_size, scale=scale, causal=causal)
 
 
 class CpuCudaBackend(backends.CudaBackend):
@@ -53,6 +59,14 @@ def test_the_cuda_backend_routes_the_dsa_layer_through_the_kernels(monkeypatch):
     assert backend.selected_indices().shape == (1, 32, CFG.topk)
     backend.call("dense", 32)()
     assert kernels.calls == ["indexer_topk", "sparse_attention"]  # dense attention is SDPA, no kernels
+    blocks = make_blocks(CFG)
+    for variant, kernel in (("block", "block_sparse_attention"), ("lsh", "sparse_attention")):
+        kernels.calls.clear()
+        out = backend.call(variant, 32)()
+        assert kernels.calls == [kernel]  # the selection runs in torch, the attention in the kernel
+        with torch.inference_mode():
+            torch.testing.assert_close(out, blocks[variant](make_input(CFG, 32)))
+        assert backend.selected_indices(variant) is not None
 
 
 def test_differing_selections_are_told_near_ties_or_not():

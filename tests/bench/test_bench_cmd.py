@@ -45,10 +45,11 @@ def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
     report = json.loads((out / "b.json").read_text())
     assert {"schema", "date", "environment", "config", "settings", "cases", "ratios", "exponents", "flops",
             "sparsity", "claims", "notes"} <= set(report)
+    assert {"csr_storage"} <= set(report) and report["settings"]["variants"] == ["dsa", "dense", "block", "lsh"]
     run_cases = [c for c in report["cases"] if "skipped" not in c]
+    variants = ("dsa", "dense", "block", "lsh")
     assert {(c["backend"], c["variant"], c["seq_len"]) for c in run_cases} == {
-        ("torch", "dsa", 128), ("torch", "dsa", 256), ("torch", "dense", 128), ("torch", "dense", 256),
-        ("onnxruntime", "dsa", 128), ("onnxruntime", "dense", 128)}
+        *(("torch", v, n) for v in variants for n in (128, 256)), *(("onnxruntime", v, 128) for v in variants)}
     for c in run_cases:
         assert c["median_s"] > 0 and 1 <= c["repeats"] <= 2 and c["min_s"] <= c["median_s"] <= c["max_s"]
         assert c["peak_bytes"] is None or c["peak_bytes"] >= 0
@@ -57,17 +58,30 @@ def test_json_holds_medians_ratios_exponents_flops_and_claims(tiny_run):
         assert set(c["parts_median_s"]) == {"indexer", "sparse_attention"}
         assert all(0 < v <= c["max_s"] for v in c["parts_median_s"].values())
     skipped = [c for c in report["cases"] if "skipped" in c]
-    assert len(skipped) == 2 and all("--max-onnxruntime-seq 128" in c["skipped"] for c in skipped)
+    assert len(skipped) == 4 and all("--max-onnxruntime-seq 128" in c["skipped"] for c in skipped)
     assert {(r["backend"], r["seq_len"]) for r in report["ratios"]} == {("torch", 128), ("torch", 256), ("onnxruntime", 128)}
-    assert set(report["exponents"]) == {"torch/dsa", "torch/dense", "torch/dsa/indexer", "torch/dsa/sparse_attention",
-                                        "torch/dense/dense_attention"}
+    assert set(report["exponents"]) == {
+        "torch/dsa", "torch/dense", "torch/dsa/indexer", "torch/dsa/sparse_attention", "torch/dense/dense_attention",
+        "torch/block", "torch/block/selection", "torch/block/block_sparse_attention", "torch/lsh", "torch/lsh/selection",
+        "torch/lsh/sparse_attention"}
     assert report["exponents"]["torch/dsa/sparse_attention"]["time"]["points"] == 2
     assert [f["seq_len"] for f in report["flops"]] == [128, 256]
-    # Below top-k every allowed key is selected: nothing is skipped, and the op agrees.
-    assert all(s["analytic"] == 0.0 and s["measured"] == 0.0 for s in report["sparsity"])
-    assert [c["claim"] for c in report["claims"]] == [
-        "3-5x faster inference on long text", "about 40% less memory at 2048 tokens", "85-90% sparsity"]
+    # Below top-k (and with at most 8 blocks of 64) every allowed key is selected: nothing is skipped.
+    sparsity = {(s["variant"], s["seq_len"]): s for s in report["sparsity"]}
+    assert all(sparsity[(v, n)]["analytic"] == 0.0 and sparsity[(v, n)]["measured"] == 0.0
+               for v in ("dsa", "block") for n in (128, 256))
+    assert all(0.5 < sparsity[("lsh", n)]["measured"] < 1.0 for n in (128, 256))  # inside 8 buckets only
+    assert [(c["claim"], c["variant"]) for c in report["claims"]] == [
+        ("3-5x faster inference on long text", "dsa"), ("about 40% less memory at 2048 tokens", "dsa"),
+        ("85-90% sparsity", "dsa"), ("3-5x faster inference on long text", "block"), ("85-90% sparsity", "block"),
+        ("3-5x faster inference on long text", "lsh"), ("85-90% sparsity", "lsh"),
+        ("4x less storage for block masks in CSR at 32x32", "block")]
     assert "dense/DSA time" in result.stdout and "--max-onnxruntime-seq" in result.stdout
+    # The CSR storage figures of the block layer's selections are printed, table and claim.
+    assert "bool/CSR" in result.stdout and "4x less storage for block masks in CSR at 32x32" in result.stdout
+    csr = {(r["seq_len"], r["block_size"]): r for r in report["csr_storage"]}
+    assert set(csr) == {(n, bs) for n in (128, 256) for bs in (32, 64)}
+    assert f"CSR {csr[(256, 32)]['csr_bytes']} B (int32)" in result.stderr
     markdown = (out / "b.md").read_text()
     assert "- date: " + report["date"] in markdown and "| backend | L | DSA ms | dense ms |" in markdown
 
@@ -109,6 +123,25 @@ def test_bad_arguments_exit_2_with_one_sentence(tmp_path, args, message):
     assert [line for line in result.stderr.splitlines() if line.startswith("Error")] == [result.stderr.splitlines()[-1]]
 
 
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--variants", "dsa,sparse"], "names no known variant"),
+        (["--variants", "block,block"], "lists a variant twice"),
+        (["--lsh-buckets", "7"], "must be even"),
+        (["--case", "moe", "--variants", "dsa"], "--variants belongs to --case attention"),
+    ],
+)
+def test_bad_variant_options_exit_2_before_any_work(capsys, args, message):
+    from dsa_export.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "preparing" not in err
+
+
 def test_cuda_backend_without_a_gpu_fails_with_one_sentence():
     import torch
 
@@ -134,10 +167,12 @@ def test_gpu_hook_without_a_gpu_fails_with_one_sentence(tmp_path, capsys):
 
 
 def test_json_to_stdout_is_the_only_stdout():
-    result = run("--seq", "64", "--repeats", "1", "--backends", "torch", "--no-memory", "--json", "-")
+    result = run("--seq", "64", "--repeats", "1", "--backends", "torch", "--no-memory", "--variants", "dsa,dense",
+                 "--json", "-")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [c["seq_len"] for c in report["cases"]] == [64, 64] and "peak_bytes" not in report["cases"][0]
+    assert report["csr_storage"] == [] and [c["variant"] for c in report["claims"]] == ["dsa"] * 3
 
 
 def test_gemm_rate_gflops_and_agreement_with_torch(tiny_run):
@@ -156,4 +191,8 @@ def test_gemm_rate_gflops_and_agreement_with_torch(tiny_run):
     assert agreement["reference"] == "torch" and agreement["queries"] == 128
     assert agreement["max_abs_diff"] < 1e-4 and agreement["cosine"] > 0.999999
     assert agreement["selection_differs"] == agreement["near_tie_rows"] == 0
+    for variant in ("block", "lsh"):  # the exported block-sparse and LSH layers agree with torch
+        agreement = next(c for c in run_cases if (c["backend"], c["variant"]) == ("onnxruntime", variant))["agreement"]
+        assert agreement["max_abs_diff"] < 1e-4 and agreement["cosine"] > 0.999999
+        assert agreement["selection_differs"] == 0 and agreement["queries"] > 0
     assert "GFLOP/s" in (out / "b.md").read_text()

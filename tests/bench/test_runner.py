@@ -43,7 +43,8 @@ def test_exponents_per_curve_skip_skipped_cases():
 def report_for(cases, seq_lens, measured_sparsity):
     from dsa_export.bench.flops import sparsity
 
-    settings = BenchSettings(seq_lens=seq_lens, backends=("torch",), block=BlockConfig(topk=512))
+    settings = BenchSettings(seq_lens=seq_lens, backends=("torch",), variants=("dsa", "dense"),
+                             block=BlockConfig(topk=512))
     report = {"ratios": ratios(cases),
               "sparsity": [{"seq_len": n, "analytic": sparsity(n, 512), "measured": measured_sparsity(n)}
                            for n in seq_lens]}
@@ -58,8 +59,8 @@ def test_claims_say_no_when_dense_is_faster_and_yes_when_they_hold():
     f = layer_flops(BlockConfig(topk=512), 4096)
     assert speed["measured"] == [{"backend": "torch", "seq_len": 4096, "value": pytest.approx(1.0),
                                   "flop_ratio": pytest.approx(f.dense_total / f.dsa_total)}]
-    assert not speed["agrees"]
-    assert memory["measured"][0]["value"] == pytest.approx(0.4) and memory["agrees"]
+    assert not speed["agrees"] and speed["verdict"] == "does not hold"
+    assert memory["measured"][0]["value"] == pytest.approx(0.4) and memory["agrees"] and memory["verdict"] == "holds"
     assert not sparse["agrees"] and "6560..9976" in sparse["note"]
 
     fast = [case("torch", "dsa", 8192, 1.0, peak=10), case("torch", "dense", 8192, 4.0, peak=10)]
@@ -68,6 +69,7 @@ def test_claims_say_no_when_dense_is_faster_and_yes_when_they_hold():
     verdicts, _ = report_for(fast, (8192,), lambda n: sparsity(n, 512))
     assert verdicts[0]["agrees"] and verdicts[2]["agrees"]
     assert not verdicts[1]["agrees"] and "not measured" in verdicts[1]["note"]
+    assert verdicts[1]["verdict"] == "not measured"
 
 
 def test_over_budget_extends_the_curve_by_its_last_growth():
