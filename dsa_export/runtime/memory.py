@@ -48,6 +48,14 @@ def dsa_node_bytes(op_type: str, attrs: dict[str, Any], shapes: list[tuple[int, 
     - ``DSASparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v, indices)``: a ``[B,S,T+1]`` mask
       scattered from the indices (float and bool, three copies), and logits ``[B,H,S,T]`` of which
       three are alive (MatMul, Where, Softmax): ``3*B*H*S*T*4 + 3*B*S*(T+1)*4``.
+    - ``DSABlockSparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], block_index
+      [B,H,nqb,Kb])`` (attribute ``block_size`` bs): the body holds the scaled queries padded to
+      ``nqb*bs`` rows and laid out in blocks (two copies), the keys and values as rows of one block
+      (``B*Hkv*(nkb+1)`` blocks, two copies), one chunk of ``rows`` query blocks (gathered blocks,
+      scores, masks and probabilities: ``B*H*Kb*(bs*(Dk+Dv+4bs)+Kb)`` values a query block, ``rows``
+      as the body picks it from its ``CHUNK_ELEMENTS``) and the output twice (the loop's stacked
+      chunks and their reordered copy): ``2*B*nqb*bs*H*Dk*4 + 2*B*Hkv*(nkb+1)*bs*(Dk+Dv)*4 +
+      rows*per_block*4 + 2*B*nqb*bs*H*Dv*4``. It grows with the selected blocks, never with S x T.
     - ``DSAMoEExperts`` / ``DSAMoEExpertsFP8(x [N,H], ..., gate_up [E,2I,H], down [E,H,I])``: the
       bodies loop over experts and tiles of at most 128 rows: ``x`` and the accumulator in float32,
       one expert's weights in float32 (the FP8 ``stack`` body: all of them) and one tile:
@@ -74,6 +82,21 @@ def dsa_node_bytes(op_type: str, attrs: dict[str, Any], shapes: list[tuple[int, 
         b, s, h, _ = q
         t = k[1]
         return 3 * b * h * s * t * F32 + 3 * b * s * (t + 1) * F32
+    if op_type == "DSABlockSparseAttention":
+        q, k, v, index = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 4)
+        if q is None or k is None or v is None:
+            return 0
+        from dsa_export.ops.block_onnx import CHUNK_ELEMENTS
+
+        b, s, h, dk = q
+        t, hkv, dv = k[1], k[2], v[3]
+        bs = max(1, int(attrs.get("block_size", 1)))
+        n_qb, n_kb = -(-s // bs), -(-t // bs)
+        kb = max(1, index[3]) if index is not None else n_kb  # unknown list width: every key block
+        per_block = b * h * kb * (bs * (dk + dv + 4 * bs) + kb)
+        rows = max(1, min(n_qb, CHUNK_ELEMENTS // max(1, per_block)))
+        return (2 * b * n_qb * bs * h * dk * F32 + 2 * b * hkv * (n_kb + 1) * bs * (dk + dv) * F32
+                + rows * per_block * F32 + 2 * b * n_qb * bs * h * dv * F32)
     if op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):
         x, gate_up = dims(0, 2), dims(3, 3)
         if x is None or gate_up is None:
