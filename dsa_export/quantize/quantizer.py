@@ -238,6 +238,31 @@ def _check_indexer_qdq_opset(model: onnx.ModelProto, recipe: Recipe, placement: 
         )
 
 
+#: dsa nodes that attend to a selection made without a lightning indexer (block lists from pooled
+#: scores or a predictor, LSH buckets, a static pattern stored as a constant).
+_SELECTION_CONSUMERS = ("DSABlockSparseAttention", "DSASparseAttention")
+
+
+def no_indexer_message(model: onnx.ModelProto, path: str | Path) -> str:
+    """Why a file without DSAIndexerTopK nodes gets no indexer placement and no top-k overlap.
+
+    A plugin-mode file of a pattern model (block, predictor, lsh, static) selects its keys another
+    way, and that is no fault of the file; a file without any ``dsa`` node may be a native export,
+    whose plugin-mode twin would let calibration find the indexers.
+    """
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.domain == "dsa" and node.op_type in _SELECTION_CONSUMERS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    if counts:
+        nodes = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+        return (f"'{path}' selects its keys without a lightning indexer (no DSAIndexerTopK node; {nodes} attend to "
+                "block lists or key indices made by standard ops or stored as constants), so there is no indexer "
+                "to keep in high precision and no top-k overlap to measure: the report compares outputs only.")
+    return (f"'{path}' has no dsa::DSAIndexerTopK nodes, so the indexer's head weights cannot be told apart and no "
+            "top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.")
+
+
 def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) -> QuantizeResult:
     """Calibrate ``path`` (an fp32 export, plugin or native) and return its Q/DQ model and report."""
     path = Path(path)
@@ -247,8 +272,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     placement = plan(model, recipe.op_types, recipe.exclude, recipe.keep_indexer_projections,
                      quantize_experts=recipe.experts_mode != "keep")
     if not placement.indexers:
-        log.warning("'%s' has no dsa::DSAIndexerTopK nodes, so the indexer's head weights cannot be told apart "
-                    "and no top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.", path)
+        log.warning(no_indexer_message(model, path))
     if not placement.targets and not placement.experts:
         raise DSAUserError(f"'{path}' has no {'/'.join(recipe.op_types)} with a weight initializer left to quantize.")
 
