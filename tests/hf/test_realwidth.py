@@ -97,3 +97,36 @@ def test_fp8_checkpoint_keeps_fp8_at_real_width(realwidth_checkpoint_factory, tm
     assert result.returncode == 0, result.stderr + result.stdout
     report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
     assert report["passed"] and all(e["cosine"] >= 0.999 for e in report["errors"])
+
+
+_HF_GREEDY = """
+import json, sys
+import numpy as np, torch, transformers
+ids = torch.from_numpy(np.load(sys.argv[2]))
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+with torch.no_grad():
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sys.argv[3]), do_sample=False)
+print(json.dumps(out[:, ids.shape[1]:].tolist()))
+"""
+
+
+def test_two_stage_pipeline_generates_like_transformers(checkpoint, tmp_path):
+    """The two layers as two decode stages (fp32), driven by `dsa-export generate`: the same greedy
+    tokens as transformers, in no more memory than the stages' weights plus 2 GiB."""
+    import numpy as np
+
+    out = tmp_path / "stages"
+    result, _ = _run("export", str(checkpoint.path), "--stages", "2", "--graph", "decode", "--dtype", "fp32",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.random.default_rng(0).integers(0, 2048, (1, 12)))
+    result, peak = _run("generate", str(out), "--input-ids", str(ids), "--max-new-tokens", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
+    weights = sum(stage["weight_bytes"] for stage in json.loads((out / "pipeline.json").read_text())["stages"])
+    assert 0 < peak <= weights + 2 * GIB, (peak / GIB, weights / GIB)
+    hf = subprocess.run([sys.executable, "-c", _HF_GREEDY, str(checkpoint.path), str(ids), "4"],
+                        capture_output=True, text=True, timeout=600)
+    assert hf.returncode == 0, hf.stderr
+    assert report["tokens"] == json.loads(hf.stdout.strip().splitlines()[-1])
