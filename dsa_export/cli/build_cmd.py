@@ -99,9 +99,17 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     import time
 
     from dsa_export.build.stage_build import build_stages, stage_build_table
+    from dsa_export.trt.profiles import DEFAULT_RANGE
 
     if model is None:
         raise click.UsageError("a stage build needs MODEL: a Hugging Face checkpoint directory or a stage export folder.")
+    if settings.ranges != DEFAULT_RANGE:
+        raise click.UsageError("--min/--opt/--max-shapes do not apply to stage builds: their prefill and decode "
+                               "profiles come from --max-batch and --max-seq.")
+    if settings.precision in ("int8", "fp8"):
+        raise click.UsageError(f"--precision {settings.precision} is not available for stage builds (calibrating a "
+                               "stage needs the hidden states of the stages before it); use fp32, fp16 or bf16 (FP8 "
+                               "checkpoint weights stay FP8).")
     count: str | int | None = stages
     if stages is not None and stages != "auto":
         if not stages.isdigit() or int(stages) < 1:

@@ -339,7 +339,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     else:
         reference, reference_name = source.runnable_module, "torch"
         reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
-        if any(n.op_type == "DSAIndexerTopK" for n in model.graph.node) and not _has_cache_inputs(model):
+        if any(n.op_type == "DSAIndexerTopK" for n in model.graph.node):
             reference, select = TorchOpSelections(reference), True
     del transformers_reference
     recorder = _RecordingReference(reference) if select else None
@@ -371,6 +371,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             runners=[reference_name, "onnxruntime"], tie_rtol=tie_rtol if select else None,
         )
         excluded: list[np.ndarray | None] = [None] * len(feeds)
+        past = [0] * len(feeds)
         if select:
             for k, (seq_len, feed, outputs) in enumerate(zip(settings.seq_lens, feeds, ort_iters)):
                 ours = [np.asarray(outputs[name]) for name in index_names]
@@ -383,7 +384,11 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                     raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
                 lengths = (feed["attention_mask"].sum(-1) if "attention_mask" in feed
                            else np.full(ours[0].shape[0] if ours else 0, ours[0].shape[1] if ours else 0))
-                classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol)
+                # A decode step's queries follow the cached keys: query s is key past + s.
+                past[k] = (int(feed["attention_mask"].shape[1]) - int(ours[0].shape[1])
+                           if ours and "attention_mask" in feed else 0)
+                classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol,
+                                                          past=past[k])
                 report.selections[seq_len] = classified
                 report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
                 excluded[k] = diverged
@@ -396,7 +401,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                         # Judged through the per-layer classification above.
                         actual[name] = np.asarray(expected[name])
                     else:
-                        _exclude_positions(expected, actual, name, excluded[k])
+                        _exclude_positions(expected, actual, name, excluded[k], past[k])
         compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
@@ -408,8 +413,9 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             ref = np.asarray(expected[name], dtype=np.float64)
             out = np.asarray(actual[name], dtype=np.float64)
             keep = None
-            if mask is not None and ref.ndim >= 2 and ref.shape[:2] == mask.shape and name not in selections:
-                keep = ~mask
+            aligned = _aligned(mask, ref.shape, past[k]) if mask is not None and name not in selections else None
+            if aligned is not None:
+                keep = ~aligned
             r, o = (ref[keep], out[keep]) if keep is not None else (ref, out)
             diff = np.abs(o - r)
             rel = diff / np.maximum(np.abs(r), 1e-12)
@@ -430,18 +436,25 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     return report
 
 
-def _has_cache_inputs(model: onnx.ModelProto) -> bool:
-    """Whether the graph takes past keys (a decode step): its queries do not start at key 0, which
-    the selection comparison assumes."""
-    return any("past" in i.name or "cache" in i.name for i in model.graph.input)
+def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int) -> np.ndarray | None:
+    """The ``[B,S]`` query mask on an output's first two axes: queries (``[B,S,...]``) or, for a
+    decode step's ``present_*`` caches (``[B,past+S,...]``), the positions after the past."""
+    if len(shape) < 2 or shape[0] != mask.shape[0]:
+        return None
+    if shape[1] == mask.shape[1]:
+        return mask
+    if past and shape[1] == past + mask.shape[1]:
+        return np.concatenate([np.zeros((mask.shape[0], past), dtype=bool), mask], axis=1)
+    return None
 
 
-def _exclude_positions(expected, actual, name: str, mask: np.ndarray) -> None:
+def _exclude_positions(expected, actual, name: str, mask: np.ndarray, past: int = 0) -> None:
     """Copy the reference into ``actual`` at the excluded ``[B,S]`` positions (Polygraphy then
     judges the rest); the report counts what was left out."""
     ref, out = np.asarray(expected[name]), np.array(actual[name])
-    if out.ndim >= 2 and out.shape[:2] == mask.shape:
-        out[mask] = ref[mask].astype(out.dtype)
+    aligned = _aligned(mask, out.shape, past)
+    if aligned is not None:
+        out[aligned] = ref[aligned].astype(out.dtype)
         actual[name] = out
 
 

@@ -118,8 +118,9 @@ def compare_layer(layer: int, ours: np.ndarray, reference: np.ndarray, scores: n
 
 def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[np.ndarray, np.ndarray]],
                        lengths: np.ndarray, *, tie_rtol: float, tie_atol: float = 0.0,
-                       diverged: np.ndarray | None = None) -> tuple[list[LayerSelections], np.ndarray]:
-    """Every layer in order; returns the per-layer results and the final diverged mask ``[B,S]``."""
+                       diverged: np.ndarray | None = None, past: int = 0) -> tuple[list[LayerSelections], np.ndarray]:
+    """Every layer in order; returns the per-layer results and the final diverged mask ``[B,S]``
+    (``past``: cached keys before the first query, in a decode step)."""
     layers = sorted(reference)
     if sorted(ours) != layers:
         raise RuntimeError(f"indexer layers differ: ours {sorted(ours)}, reference {layers}")
@@ -131,17 +132,18 @@ def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[n
     results = []
     for layer in layers:
         results.append(compare_layer(layer, ours[layer], reference[layer][0], reference[layer][1], lengths, diverged,
-                                     tie_rtol=tie_rtol, tie_atol=tie_atol, tainted=tainted))
-        _taint(reference[layer][0], diverged, tainted)
+                                     tie_rtol=tie_rtol, tie_atol=tie_atol, past=past, tainted=tainted))
+        _taint(reference[layer][0], diverged, tainted, past)
     return results, diverged
 
 
-def _taint(selected: np.ndarray, diverged: np.ndarray, tainted: np.ndarray) -> None:
-    """Mark queries whose selection includes a diverged position (their attention read it)."""
+def _taint(selected: np.ndarray, diverged: np.ndarray, tainted: np.ndarray, past: int = 0) -> None:
+    """Mark queries whose selection includes a diverged position (their attention read it); query
+    ``s`` sits at key position ``past + s``, and cached keys never diverge."""
     for b in range(selected.shape[0]):
         if not diverged[b].any():
             continue
-        keys = selected[b]
+        keys = selected[b] - past
         valid = (keys >= 0) & (keys < diverged.shape[1])
         hit = (diverged[b][np.where(valid, keys, 0)] & valid).any(-1)
         tainted[b] |= hit

@@ -84,3 +84,37 @@ def test_padding_and_masked_keys_do_not_count():
     reference[0, 11] = [7, -1, -1, -1]
     result = compare_layer(0, ours, reference, scores, np.array([8]), np.zeros((1, 12), bool), tie_rtol=1e-4)
     assert result.rows == 8  # rows past the length are not judged
+
+
+def test_a_decode_step_judges_its_queries_after_the_past():
+    """Queries of a decode step sit after ``past`` cached keys: query s may see keys 0..past+s, a
+    flip at its k-th place is a near tie there, and a later query that picks that query's key is
+    explained by it (the key of position past + s moved with it); cached keys never diverge."""
+    past, s, k = 6, 4, 3
+    rng = np.random.default_rng(3)
+    scores = rng.uniform(0.1, 1.0, size=(1, s, past + s))
+    reference = np.stack([np.argsort(-scores[0, q, :past + q + 1], kind="stable")[:k] for q in range(s)])[None]
+    ours = reference.copy()
+    q = 1
+    kth_key = int(reference[0, q, -1])
+    outside = next(t for t in range(past + q + 1) if t not in set(reference[0, q].tolist()))
+    scores[0, q, outside] = scores[0, q, kth_key] - 1e-7
+    ours[0, q, -1] = outside
+    results, diverged = compare_selections({0: ours}, {0: (reference, scores)}, np.array([past + s]), tie_rtol=1e-4,
+                                           past=past)
+    assert results[0].rows == s and results[0].near_tie_rows == 1 and results[0].unexplained_rows == 0
+    assert diverged.tolist() == [[False, True, False, False]]
+    # Without ``past`` the same rows are judged as if the queries started at key 0: keys past the
+    # query's own position count as selected out of range, and the comparison is wrong.
+    wrong, _ = compare_selections({0: ours}, {0: (reference, scores)}, np.array([past + s]), tie_rtol=1e-4)
+    assert wrong[0].rows != s or wrong[0].overlap != results[0].overlap
+
+
+def test_present_caches_exclude_the_positions_after_the_past():
+    from dsa_export.validate.compare import _aligned
+
+    mask = np.array([[False, True, False]])
+    assert _aligned(mask, (1, 3, 8), past=5).tolist() == mask.tolist()
+    cache = _aligned(mask, (1, 8, 40), past=5)
+    assert cache.tolist() == [[False] * 5 + [False, True, False]]
+    assert _aligned(mask, (1, 7, 40), past=5) is None and _aligned(mask, (2, 3), past=0) is None
