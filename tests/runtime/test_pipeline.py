@@ -163,23 +163,63 @@ def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
         remote.close()
 
 
-def test_a_killed_stage_actor_is_one_clear_error(builds, ray_cluster):
+def test_a_stage_actor_killed_mid_run_is_one_clear_error(builds, ray_cluster):
     from dsa_export.runtime.ray_pipeline import open_on_ray
 
     _checkpoint, out, _stages = builds["glm_moe_dsa"]
-    remote = open_on_ray(out, timeout=60)
+    # The stage export: no profile limits the length, so the run is still going when the actor dies.
+    remote = open_on_ray(out / "export", timeout=60)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            generate(remote, _prompt(), SamplingSettings(max_new_tokens=480))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
     try:
-        prompt = _prompt()
-        step = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
-        slot = remote.new_slot()
-        remote.forward(step, slot)
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(1.5)  # generation is running: prefill is done, decode steps follow each other
+        assert worker.is_alive()
         ray_cluster.kill(remote.handles[1].actor)
         began = time.perf_counter()
-        with pytest.raises(DSAUserError, match=r"^stage 1's Ray actor died because it was killed"):
-            remote.forward({"input_ids": prompt[:, :1], "attention_mask": np.ones((2, 8), np.int64)}, slot)
+        worker.join(60)
+        assert not worker.is_alive(), "generation hung after a stage actor died"
         assert time.perf_counter() - began < 30
+        assert len(failure) == 1 and isinstance(failure[0], DSAUserError), failure
+        assert str(failure[0]).startswith("stage 1's Ray actor died because it was killed")
     finally:
         remote.close()
+
+
+def test_stage_builds_run_as_ray_tasks(builds, ray_cluster, tmp_path):
+    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    target = tmp_path / "ray-build"
+    result = _cli("build", out / "export", "--ray", "auto", "--backend", "onnxruntime", "--no-validate",
+                  "--max-batch", "2", "--max-seq", "64", "-o", target, "--json")
+    assert result.exit_code == 0, result.output
+    assert [s["status"] for s in json.loads(result.stdout)["stages"]] == ["built"] * stages
+    assert all((target / f"stage_{i:02d}" / "manifest.json").is_file() for i in range(stages))
+    prompt = _prompt(3)
+    local, built = PipelineSession.open(out), PipelineSession.open(target)
+    try:
+        a = generate(local, prompt, SamplingSettings(max_new_tokens=6)).tokens
+        b = generate(built, prompt, SamplingSettings(max_new_tokens=6)).tokens
+    finally:
+        local.close()
+        built.close()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_an_engine_stage_without_its_gpu_is_one_clear_error(builds):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    _checkpoint, out, _stages = builds["deepseek_v32"]
+    with pytest.raises(DSAUserError, match=r"^stage 0 \(layers 0:2\) runs on GPU 0 but this machine has 0 GPU"):
+        PipelineSession.open(out, "engine")
 
 
 class _Sleeper:
