@@ -30,7 +30,7 @@ INSTALL = 'pip install "dsa-export[ray]"'
 
 
 def ray_module():
-    return require("ray", f"--ray ({INSTALL})")
+    return require("ray", "--ray (pipeline stages on Ray)", INSTALL)
 
 
 def connect(address: str, *, num_cpus: int | None = None):

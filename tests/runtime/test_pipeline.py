@@ -409,3 +409,14 @@ def test_a_stage_keeps_an_engines_caches_on_its_device():
     assert set(out) == {"hidden_states_out"} and isinstance(session.seen[0], np.ndarray)
     stage.run({"hidden_states": h}, "s")
     assert session.seen[1] == ("device", 1)  # the previous present, untouched
+
+
+def test_ray_missing_says_what_to_install(builds, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the ray extra were not installed
+    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    np.save(tmp_path / "ids.npy", _prompt())
+    result = _cli("generate", out, "--input-ids", tmp_path / "ids.npy", "--ray", "auto")
+    assert result.exit_code == 1 and 'pip install "dsa-export[ray]"' in result.output
+    assert "Traceback" not in result.output
