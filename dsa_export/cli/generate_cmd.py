@@ -69,6 +69,7 @@ def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokeniz
                                     eos_token_ids=eos, pad_token_id=pad, micro_batches=micro_batches)
     model = _open(model_dir, runtime, ray_address, not no_verify)
     try:
+        gen.require_decode_graph(model)
         for note in model.notes:
             click.echo(note, err=True)
 

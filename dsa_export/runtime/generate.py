@@ -104,6 +104,14 @@ def choose_tokens(logits: np.ndarray, settings: SamplingSettings, rng: np.random
     return np.minimum((cumulative < draws).sum(axis=-1), probs.shape[-1] - 1)
 
 
+def require_decode_graph(model) -> None:
+    """DSAUserError unless ``model`` takes token ids and decode caches."""
+    names = {spec.name for spec in model.step_inputs}
+    if "input_ids" not in names or not any(spec.name.startswith("past_") for spec in model.inputs):
+        raise DSAUserError("this model is not a decode graph (it has no input_ids or no past_* caches); export it "
+                           "with --graph decode.")
+
+
 def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = SamplingSettings(),
              on_tokens: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
     """Continue ``prompt_ids [B, L]`` (equal-length prompts) by up to ``settings.max_new_tokens``.
@@ -115,10 +123,7 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
         raise DSAUserError(f"the prompt must be integer token ids of shape [batch, length]; got {prompt.dtype} "
                            f"{list(prompt.shape)}.")
-    names = {spec.name for spec in model.step_inputs}
-    if "input_ids" not in names or not any(spec.name.startswith("past_") for spec in model.inputs):
-        raise DSAUserError("this model is not a decode graph (it has no input_ids or no past_* caches); export it "
-                           "with --graph decode.")
+    require_decode_graph(model)
     rng = np.random.default_rng(settings.seed)
     batch = prompt.shape[0]
     eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
@@ -227,6 +232,8 @@ def read_input_ids(path: Path) -> np.ndarray:
         ids = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise DSAUserError(f"cannot read token ids from {path} ({exc}); pass a .npy of integer ids, shape [B, L].") from exc
+    if not isinstance(ids, np.ndarray):
+        raise DSAUserError(f"{path} is an .npz archive; pass a .npy of integer ids (numpy.save), shape [B, L].")
     if ids.ndim == 1:
         ids = ids[None, :]
     if ids.ndim != 2 or ids.shape[1] < 1 or not np.issubdtype(ids.dtype, np.integer):
@@ -266,4 +273,4 @@ class TextStream:
 
 
 __all__ = ["GenerationResult", "SamplingSettings", "TextStream", "checkpoint_dir", "choose_tokens",
-           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids"]
+           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids", "require_decode_graph"]

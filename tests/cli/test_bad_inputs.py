@@ -147,6 +147,21 @@ CASES: list[tuple[str, int, str]] = [
     ("run {b}/session_option --runtime onnxruntime --no-verify", 1, "optimized_model_filepath"),
     ("run {b}/session_plugin --runtime onnxruntime --no-verify", 1, "trt_engine_decryption_lib_path"),
     ("run {b}/session_garbage --runtime onnxruntime --no-verify", 1, "not readable JSON"),
+    # build as stages
+    ("build {w}/foreign --stages 2 -o {w}/out/st", 1, "neither a Hugging Face checkpoint"),
+    ("build {w}/model.onnx --gpus 2 -o {w}/out/b", 2, "apply to stage builds"),
+    ("build {w}/foreign --stages x -o {w}/out/st", 2, "neither auto nor a stage count"),
+    # generate
+    ("generate {w}/model.onnx", 2, "--prompt TEXT or --input-ids"),
+    ("generate {w}/model.onnx --input-ids {w}/one_array.npy", 1, "not a decode graph"),
+    ("generate {w}/model.onnx --prompt hi", 2, "records no Hugging Face checkpoint"),
+    ("generate {w}/model.onnx --input-ids {w}/notes.txt", 1, "cannot read token ids"),
+    ("generate {w}/model.onnx --input-ids {w}/wrong_name.npz", 1, "is an .npz archive"),
+    ("generate {w}/model.onnx --input-ids {w}/one_array.npy --ray auto", 2, "--ray runs pipeline stages"),
+    ("generate {w}/model.onnx --input-ids {w}/one_array.npy --top-p 0.5", 2, "add --temperature"),
+    ("generate {w}/model.onnx --input-ids {w}/one_array.npy --max-new-tokens 0", 2, "Invalid value"),
+    ("generate {w}/model.onnx --input-ids {w}/one_array.npy --json-out /sys/g.json", 1, "cannot be written"),
+    ("generate {w}/nothing --input-ids {w}/one_array.npy", 2, "does not exist"),
     # check, plugins, bench, the command line itself
     ("check --engine {w}/missing.plan", 1, "does not exist"),
     ("check --engine {w}/notes.txt", 1, "text file"),

@@ -64,19 +64,23 @@ def _hf_greedy(checkpoint, prompt: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """{kind: (checkpoint, stage build folder, stages)}: built once through the CLI."""
+    """{(kind, stages): (checkpoint, stage build folder, stages)}: each model built as 2 and as 3
+    stages through the CLI (GLM-5's 3-stage cut puts the shared-indexer layer 3 after a boundary)."""
     from tests.hf.conftest import make_checkpoint
 
     root = tmp_path_factory.mktemp("stages")
     made = {}
-    for kind, stages in (("deepseek_v32", 2), ("glm_moe_dsa", 3)):
+    for kind in ("deepseek_v32", "glm_moe_dsa"):
         checkpoint = make_checkpoint(root, kind, layers=4, index_topk=8)
-        out = root / f"{kind}-build"
-        result = _cli(*["build", str(checkpoint), "--stages", str(stages), "--max-batch", "2",
-                                          "--max-seq", "64", "-o", str(out)])
-        assert result.exit_code == 0, result.output
-        made[kind] = (checkpoint, out, stages)
+        for stages in (2, 3):
+            out = root / f"{kind}-{stages}"
+            result = _cli("build", checkpoint, "--stages", stages, "--max-batch", 2, "--max-seq", 64, "-o", out)
+            assert result.exit_code == 0, result.output
+            made[kind, stages] = (checkpoint, out, stages)
     return made
+
+
+BUILDS = [("deepseek_v32", 2), ("deepseek_v32", 3), ("glm_moe_dsa", 2), ("glm_moe_dsa", 3)]
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +96,14 @@ def _prompt(seed: int = 0) -> np.ndarray:
 
 
 def test_stage_build_records_every_stage(builds):
-    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    _checkpoint, out, stages = builds["glm_moe_dsa", 3]
     data = json.loads((out / "pipeline.json").read_text())
     assert [s["build"] for s in data["stages"]] == [f"stage_{i:02d}" for i in range(stages)]
     assert all(s["build_key"] and s["caches"] for s in data["stages"])
     assert {(l["output"], l["input"]) for l in data["links"]} == {("hidden_states_out", "hidden_states"),
                                                                   ("topk_indices", "prev_topk_indices")}
+    two = json.loads((builds["glm_moe_dsa", 2][1] / "pipeline.json").read_text())
+    assert [link["input"] for link in two["links"]] == ["hidden_states"]  # layers 2 and 3 share a stage
     manifest = json.loads((out / "stage_00" / "manifest.json").read_text())
     # Two profiles: the whole prompt without a past, and one token with a past.
     assert [p["past_sequence"] for p in manifest["profiles"]["all"]] == [[0, 0, 0], [1, 63, 63]]
@@ -105,7 +111,7 @@ def test_stage_build_records_every_stage(builds):
 
 
 def test_unchanged_stages_are_kept(builds):
-    _checkpoint, out, _stages = builds["deepseek_v32"]
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
     result = _cli(*["build", str(out / "export"), "--max-batch", "2", "--max-seq", "64",
                                       "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
@@ -113,9 +119,9 @@ def test_unchanged_stages_are_kept(builds):
     assert [s["status"] for s in report["stages"]] == ["kept", "kept"]
 
 
-@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
-def test_generate_over_the_local_pipeline_matches_transformers(builds, kind, tmp_path):
-    checkpoint, out, _stages = builds[kind]
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
+def test_generate_over_the_local_pipeline_matches_transformers(builds, build, tmp_path):
+    checkpoint, out, _stages = builds[build]
     prompt = _prompt()
     np.save(tmp_path / "ids.npy", prompt)
     result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "ids.npy"),
@@ -126,9 +132,9 @@ def test_generate_over_the_local_pipeline_matches_transformers(builds, kind, tmp
     assert report["decode_tokens_per_s"] > 0 and report["prefill_tokens_per_s"] > 0
 
 
-@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
-def test_generate_over_ray_matches_transformers(builds, ray_cluster, kind, tmp_path):
-    checkpoint, out, _stages = builds[kind]
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
+def test_generate_over_ray_matches_transformers(builds, ray_cluster, build, tmp_path):
+    checkpoint, out, _stages = builds[build]
     prompt = _prompt(1)
     np.save(tmp_path / "ids.npy", prompt)
     result = _cli(*["generate", str(out), "--input-ids", str(tmp_path / "ids.npy"), "--ray", "auto",
@@ -148,7 +154,7 @@ def _full_feeds(session: PipelineSession, prompt: np.ndarray) -> dict[str, np.nd
 def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
     from dsa_export.runtime.ray_pipeline import open_on_ray
 
-    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    _checkpoint, out, stages = builds["glm_moe_dsa", 3]
     local, remote = PipelineSession.open(out), open_on_ray(out)
     try:
         feeds = _full_feeds(local, _prompt(2))
@@ -166,7 +172,7 @@ def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
 def test_a_stage_actor_killed_mid_run_is_one_clear_error(builds, ray_cluster):
     from dsa_export.runtime.ray_pipeline import open_on_ray
 
-    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    _checkpoint, out, _stages = builds["glm_moe_dsa", 3]
     # The stage export: no profile limits the length, so the run is still going when the actor dies.
     remote = open_on_ray(out / "export", timeout=60)
     failure: list[BaseException] = []
@@ -194,7 +200,7 @@ def test_a_stage_actor_killed_mid_run_is_one_clear_error(builds, ray_cluster):
 
 
 def test_stage_builds_run_as_ray_tasks(builds, ray_cluster, tmp_path):
-    _checkpoint, out, stages = builds["glm_moe_dsa"]
+    _checkpoint, out, stages = builds["glm_moe_dsa", 3]
     target = tmp_path / "ray-build"
     result = _cli("build", out / "export", "--ray", "auto", "--backend", "onnxruntime", "--no-validate",
                   "--max-batch", "2", "--max-seq", "64", "-o", target, "--json")
@@ -217,7 +223,7 @@ def test_an_engine_stage_without_its_gpu_is_one_clear_error(builds):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    _checkpoint, out, _stages = builds["deepseek_v32"]
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
     with pytest.raises(DSAUserError, match=r"^stage 0 \(layers 0:2\) runs on GPU 0 but this machine has 0 GPU"):
         PipelineSession.open(out, "engine")
 
@@ -287,7 +293,7 @@ def test_micro_batches_overlap_the_stages():
 
 
 def test_missing_stage_build_is_one_clear_error(builds, tmp_path):
-    _checkpoint, out, _stages = builds["deepseek_v32"]
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     shutil.rmtree(copy / "stage_01")
@@ -304,7 +310,7 @@ def test_generate_streams_text_with_a_tokenizer(builds, tmp_path):
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.save(str(tmp_path / "tokenizer.json"))
-    checkpoint, out, _stages = builds["deepseek_v32"]
+    checkpoint, out, _stages = builds["deepseek_v32", 2]
     prompt = "w5 w17 w3 w99"
     result = _cli(*["generate", str(out), "--prompt", prompt, "--tokenizer",
                                       str(tmp_path / "tokenizer.json"), "--max-new-tokens", "6"])
@@ -315,7 +321,7 @@ def test_generate_streams_text_with_a_tokenizer(builds, tmp_path):
 
 
 def test_generate_usage_errors(builds, tmp_path):
-    _checkpoint, out, _stages = builds["deepseek_v32"]
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
     assert _cli("generate", out).exit_code == 2
     result = _cli(*["generate", str(out), "--prompt", "hi"])
     assert result.exit_code == 1 and "tokenizer.json does not exist" in result.output
@@ -368,7 +374,7 @@ def test_generate_stops_when_every_sequence_ended():
 
 
 def test_run_takes_a_pipeline_folder(builds):
-    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    _checkpoint, out, _stages = builds["glm_moe_dsa", 3]
     result = _cli("run", out, "--dims", "batch=2,sequence=5", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -415,7 +421,7 @@ def test_ray_missing_says_what_to_install(builds, tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the ray extra were not installed
-    _checkpoint, out, _stages = builds["glm_moe_dsa"]
+    _checkpoint, out, _stages = builds["glm_moe_dsa", 3]
     np.save(tmp_path / "ids.npy", _prompt())
     result = _cli("generate", out, "--input-ids", tmp_path / "ids.npy", "--ray", "auto")
     assert result.exit_code == 1 and 'pip install "dsa-export[ray]"' in result.output
