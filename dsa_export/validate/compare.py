@@ -196,7 +196,6 @@ class TorchOpSelections:
         return self.module.parameters()
 
     def run_with_selections(self, *args, **kwargs):
-        import torch
         from torch.overrides import TorchFunctionMode
 
         calls: list[tuple] = []
