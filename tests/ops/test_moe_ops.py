@@ -20,6 +20,7 @@ from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBU
 from dsa_export.ops.moe_onnx import moe_experts_fp8_function, use_fp8_body
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import REFERENCE_OPS, moe_experts_fp8_reference, moe_experts_reference
+from tests.build_fixtures import rtx_build
 
 FLOAT, FP8 = TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN
 _ONNX_TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
@@ -358,32 +359,7 @@ _PROFILE = {"x": ((1, 32), (16, 32), (64, 32)), "topk_ids": ((1, 2), (16, 2), (6
 
 
 def _rtx_build(model) -> tuple[bool, str]:
-    trt = pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX is not installed")
-    messages = []
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                messages.append(msg)
-
-    logger = Logger()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model.SerializeToString()):
-        return False, "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for name, shapes in _PROFILE.items():
-        profile.set_shape(name, *shapes)
-    config.add_optimization_profile(profile)
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(trt.ComputeCapability.SM89, 0)
-    engine = builder.build_serialized_network(network, config)
-    return engine is not None and engine.nbytes > 0, "; ".join(messages)
+    return rtx_build(model, _PROFILE)
 
 
 def test_tensorrt_rtx_builds_the_bodies():
