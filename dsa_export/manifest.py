@@ -28,7 +28,7 @@ import contextlib
 import json
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -813,42 +813,29 @@ def verify_engine(engine: str | os.PathLike[str], *, enabled: bool = True) -> li
     return read_manifest(path.parent).verify([path])
 
 
-def recorded_digests(path: str | os.PathLike[str]) -> dict[Path, str]:
-    """``{absolute file: sha256}`` of an .onnx and its external data, from the ``manifest.json``
-    beside it or the ``pipeline.json`` one or two folders up that lists it (empty if none)."""
-    path = Path(path).resolve()
-    manifest_path = path.parent / MANIFEST_NAME
-    if manifest_path.is_file():
-        with contextlib.suppress(DSAUserError):
-            manifest = read_manifest(manifest_path)
-            if manifest.relative(path) in manifest.files:
-                return {(manifest.folder / name).resolve(): record["sha256"] for name, record in manifest.files.items()
-                        if isinstance(record, dict) and isinstance(record.get("sha256"), str)}
-    for folder in (path.parent, path.parent.parent):
-        if (folder / PIPELINE_NAME).is_file():
-            with contextlib.suppress(DSAUserError):
-                relative = Path(os.path.relpath(path, folder)).as_posix()
-                for stage in read_pipeline(folder).stages:
-                    if stage.onnx == relative:
-                        return {(folder / name).resolve(): digest for name, digest in stage.sha256.items()}
-    return {}
+@dataclass(frozen=True)
+class _Record:
+    """The record that lists an .onnx: its file, how to verify the .onnx against it, and the
+    digests it holds (``{absolute file: sha256}``)."""
+
+    file: Path
+    verify: Callable[[], None]
+    digests: dict[Path, str]
 
 
-def verify_recorded_onnx(path: str | os.PathLike[str], *, enabled: bool = True) -> str | None:
-    """Verify an .onnx the user names when it belongs to a build folder (listed in the
-    ``manifest.json`` beside it) or to a pipeline (a stage of the ``pipeline.json`` one or two
-    folders up); returns the record file it was checked against, or None when none lists it."""
-    path = Path(path)
-    if not enabled or not path.is_file():
-        return None
+def _record_of(path: Path) -> _Record | None:
+    """The ``manifest.json`` beside ``path`` that lists it, else the ``pipeline.json`` one or two
+    folders up with a stage whose .onnx it is; None when neither does."""
+    path = path.resolve()
     manifest_path = path.parent / MANIFEST_NAME
     if manifest_path.is_file():
         manifest = None
         with contextlib.suppress(DSAUserError):
             manifest = read_manifest(manifest_path)
         if manifest is not None and manifest.relative(path) in manifest.files:
-            manifest.verify([path])
-            return str(manifest_path)
+            digests = {(manifest.folder / name).resolve(): record["sha256"] for name, record in manifest.files.items()
+                       if isinstance(record, dict) and isinstance(record.get("sha256"), str)}
+            return _Record(manifest_path, lambda: manifest.verify([path]), digests)
     for folder in (path.parent, path.parent.parent):
         if not (folder / PIPELINE_NAME).is_file():
             continue
@@ -859,9 +846,30 @@ def verify_recorded_onnx(path: str | os.PathLike[str], *, enabled: bool = True) 
         relative = Path(os.path.relpath(path, folder)).as_posix()
         for stage in pipeline.stages:
             if stage.onnx == relative:
-                stage.verify(folder)
-                return str(folder / PIPELINE_NAME)
+                digests = {(folder / name).resolve(): digest for name, digest in stage.sha256.items()}
+                return _Record(folder / PIPELINE_NAME, lambda stage=stage, folder=folder: stage.verify(folder), digests)
     return None
+
+
+def recorded_digests(path: str | os.PathLike[str]) -> dict[Path, str]:
+    """``{absolute file: sha256}`` of an .onnx and its external data from the record that lists it
+    (see :func:`verify_recorded_onnx`; empty if none does)."""
+    record = _record_of(Path(path))
+    return record.digests if record is not None else {}
+
+
+def verify_recorded_onnx(path: str | os.PathLike[str], *, enabled: bool = True) -> str | None:
+    """Verify an .onnx the user names when it belongs to a build folder (listed in the
+    ``manifest.json`` beside it) or to a pipeline (a stage of the ``pipeline.json`` one or two
+    folders up); returns the record file it was checked against, or None when none lists it."""
+    path = Path(path)
+    if not enabled or not path.is_file():
+        return None
+    record = _record_of(path)
+    if record is None:
+        return None
+    record.verify()
+    return str(record.file)
 
 
 __all__ = [
