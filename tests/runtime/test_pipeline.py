@@ -107,7 +107,6 @@ def test_stage_build_records_every_stage(builds):
     manifest = json.loads((out / "stage_00" / "manifest.json").read_text())
     # Two profiles: the whole prompt without a past, and one token with a past.
     assert [p["past_sequence"] for p in manifest["profiles"]["all"]] == [[0, 0, 0], [1, 63, 63]]
-    assert (out / "timing.cache").exists() or manifest.get("engine", {}).get("backend") != "tensorrt"
 
 
 def test_unchanged_stages_are_kept(builds):
