@@ -111,6 +111,18 @@ class KernelLibrary:
 
         return torch.cuda.current_stream(device).cuda_stream
 
+    # Where tensors live: the GPU library takes torch CUDA tensors as they are; a library running the
+    # kernels elsewhere (the CPU emulation harness of tests/emulation) overrides these two.
+    def _staged(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as a dense tensor the library can read."""
+        return t.contiguous()
+
+    def _empty(self, shape: tuple[int, ...], dtype: Any, like: torch.Tensor) -> torch.Tensor:
+        """An uninitialized tensor on ``like``'s device for the library to write."""
+        import torch
+
+        return torch.empty(shape, dtype=dtype, device=like.device)
+
     # -- ops -----------------------------------------------------------------------------------
     def indexer_topk_workspace_size(self, B: int, S: int, T: int, H: int, D: int, topk: int) -> int:
         return int(self._lib.dsa_indexer_topk_workspace_size(B, S, T, H, D, topk))
@@ -136,13 +148,13 @@ class KernelLibrary:
             raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, w {tuple(w.shape)}")
         if k.dtype != q.dtype or w.dtype not in (q.dtype, torch.float32):
             raise ValueError("k must have q's dtype and w q's dtype or float32")
-        q, k, w = q.contiguous(), k.contiguous(), w.contiguous()
+        q, k, w = self._staged(q), self._staged(k), self._staged(w)
         if lengths is not None:
-            lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
-        out = torch.empty((B, S, topk), dtype=torch.int32, device=q.device)
+            lengths = self._staged(lengths.to(device=q.device, dtype=torch.int32))
+        out = self._empty((B, S, topk), torch.int32, q)
         if workspace is None:
             ws_bytes = self.indexer_topk_workspace_size(B, S, T, H, D, topk)
-            workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=q.device)
+            workspace = self._empty((max(ws_bytes, 1),), torch.uint8, q)
         ws_bytes = workspace.numel() * workspace.element_size()
         status = self._lib.dsa_indexer_topk(
             q.data_ptr(), k.data_ptr(), w.data_ptr(), lengths.data_ptr() if lengths is not None else None,
@@ -197,11 +209,11 @@ class KernelLibrary:
             raise ValueError(f"values from keys (an empty v) need Dv <= Dk, got Dv {Dv} and Dk {Dk}")
         if k.dtype != q.dtype:
             raise ValueError("q, k and v must share a dtype")
-        q, k = q.contiguous(), k.contiguous()
+        q, k = self._staged(q), self._staged(k)
         # An empty tensor's data_ptr() may be 0 or k's address: the kernel is told by a NULL v.
-        v_rows = None if v is None or v_shape[1] == 0 else v.contiguous()
-        indices = indices.to(dtype=torch.int32).contiguous()
-        out = torch.empty((B, S, H, Dv), dtype=q.dtype, device=q.device)
+        v_rows = None if v is None or v_shape[1] == 0 else self._staged(v)
+        indices = self._staged(indices.to(dtype=torch.int32))
+        out = self._empty((B, S, H, Dv), q.dtype, q)
         status = self._lib.dsa_sparse_attention(
             q.data_ptr(), k.data_ptr(), v_rows.data_ptr() if v_rows is not None else None, indices.data_ptr(),
             out.data_ptr(), B, S, T, H, Hkv, Dk, Dv, K, float(scale), self.dtype_code(q.dtype),
@@ -241,9 +253,9 @@ class KernelLibrary:
             )
         if k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError("q, k and v must share a dtype")
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        block_index = block_index.to(device=q.device, dtype=torch.int32).contiguous()
-        out = torch.empty((B, S, H, Dv), dtype=q.dtype, device=q.device)
+        q, k, v = self._staged(q), self._staged(k), self._staged(v)
+        block_index = self._staged(block_index.to(device=q.device, dtype=torch.int32))
+        out = self._empty((B, S, H, Dv), q.dtype, q)
         status = self._lib.dsa_block_sparse_attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), block_index.data_ptr(), out.data_ptr(), B, S, T, H, Hkv, Dk,
             Dv, block_index.shape[3], bs, float(scale), int(bool(causal)), self.dtype_code(q.dtype),
@@ -316,17 +328,17 @@ class KernelLibrary:
                     f"block scales {tuple(gate_up_scale.shape)} / {tuple(down_scale.shape)} do not match "
                     f"[E, ceil(2I/bs), ceil(H/bs)] / [E, ceil(H/bs), ceil(I/bs)] with block_size {block_size}"
                 )
-            gate_up_scale = gate_up_scale.to(device=x.device, dtype=torch.float32).contiguous()
-            down_scale = down_scale.to(device=x.device, dtype=torch.float32).contiguous()
+            gate_up_scale = self._staged(gate_up_scale.to(device=x.device, dtype=torch.float32))
+            down_scale = self._staged(down_scale.to(device=x.device, dtype=torch.float32))
         else:
             gate_up_scale = down_scale = None
-        x, topk_weights = x.contiguous(), topk_weights.contiguous()
-        gate_up, down = gate_up.contiguous(), down.contiguous()
-        topk_ids = topk_ids.to(dtype=torch.int32).contiguous()
-        out = torch.empty((N, H), dtype=x.dtype, device=x.device)
+        x, topk_weights = self._staged(x), self._staged(topk_weights)
+        gate_up, down = self._staged(gate_up), self._staged(down)
+        topk_ids = self._staged(topk_ids.to(dtype=torch.int32))
+        out = self._empty((N, H), x.dtype, x)
         if workspace is None:
             ws_bytes = self.moe_experts_workspace_size(N, K, E, H, I, x.dtype)
-            workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=x.device)
+            workspace = self._empty((max(ws_bytes, 1),), torch.uint8, x)
         ws_bytes = workspace.numel() * workspace.element_size()
         if path is None:
             code = -1

@@ -1,0 +1,72 @@
+"""Injected bugs: each is a small patch of a kernel source that a GPU would run wrongly (or racily),
+and the harness must fail on every one of them (``python -m tests.emulation --mutations``). A
+mutant that passes means the harness has a blind spot.
+
+The bugs are of the kinds a review found the harness must catch: missing barriers, off-by-one
+bounds, a pipeline wait one stage short, a commit left out, a top-k overrun, a wrong MMA sub-tile
+or fragment (transposed load), a wrong block-scale index, a missing zero-fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .build import Patch
+
+SA = "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.cu"
+IX = "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.cu"
+BS = "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionKernel.cu"
+MOE_GEMM = "dsaMoEExpertsPlugin/dsaMoEExpertsGemm.cu"
+MOE_ROUTE = "dsaMoEExpertsPlugin/dsaMoEExpertsRouting.cu"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    kernel: str  #: the case family (cases.Case.kernel) whose cases must catch it
+    patches: tuple[Patch, ...]
+    why: str
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("sa-missing-barrier-after-wait", "attention",
+           (Patch(SA, "            mma::cpAsyncWait<0>();\n        }\n        __syncthreads();\n",
+                  "            mma::cpAsyncWait<0>();\n        }\n"),),
+           "threads read K tiles other threads' copies have not landed yet"),
+    Mutant("sa-wait-one-stage-short", "attention",
+           (Patch(SA, "mma::cpAsyncWait<1>();", "mma::cpAsyncWait<2>();"),),
+           "the double-buffered pipeline reads the current tile while its group is still in flight"),
+    Mutant("sa-commit-left-out", "attention",
+           (Patch(SA, "            loadTile(tile + 1, buf ^ 1);\n            mma::cpAsyncCommit();\n",
+                  "            loadTile(tile + 1, buf ^ 1);\n"),),
+           "without the commit, wait_group<1> keeps the current tile's group in flight"),
+    Mutant("sa-index-bound-off-by-one", "attention",
+           (Patch(SA, "bool const valid = t >= 0 && t < p.T;", "bool const valid = t >= 0 && t <= p.T;", count=2),),
+           "an index equal to T is gathered: a read one row past the keys"),
+    Mutant("sa-wrong-mma-subtile", "attention",
+           (Patch(SA, "mma::mma16816<T>(sacc[1], a, bf[2], bf[3]);", "mma::mma16816<T>(sacc[1], a, bf[0], bf[1]);"),),
+           "the second 8 keys of a 16-key tile reuse the first 8 keys' B fragment"),
+    Mutant("sa-value-load-not-transposed", "attention",
+           (Patch(SA, "mma::ldmatrixX4Trans(bf, vRow + kk * ldv + nt * 8);", "mma::ldmatrixX4(bf, vRow + kk * ldv + nt * 8);"),),
+           "P @ V takes V's fragment without .trans: a wrong MMA fragment layout"),
+    Mutant("ix-topk-overrun", "indexer",
+           (Patch(IX, "if (rank < needEq)", "if (rank <= needEq)"),),
+           "one tied key too many is written: past the row's topk slots"),
+    Mutant("ix-missing-barrier-after-histogram", "indexer",
+           (Patch(IX, "                atomicAdd(sHist + bin, static_cast<uint32_t>(__popc(peers)));\n            }\n        }\n        __syncthreads();\n",
+                  "                atomicAdd(sHist + bin, static_cast<uint32_t>(__popc(peers)));\n            }\n        }\n"),),
+           "thread 0 scans the histogram before the other warps have added to it"),
+    Mutant("bs-missing-barrier-after-wait", "block-sparse",
+           (Patch(BS, "            mma::cpAsyncWait<0>();\n        }\n        __syncthreads();\n",
+                  "            mma::cpAsyncWait<0>();\n        }\n"),),
+           "threads read K/V tiles other threads' copies have not landed yet"),
+    Mutant("moe-pipeline-wait-one-stage-short", "moe",
+           (Patch(MOE_GEMM, "mma::cpAsyncWait<kSTAGES - 2>();", "mma::cpAsyncWait<kSTAGES - 1>();"),),
+           "the multi-stage GEMM pipeline computes on a stage whose copies are still in flight"),
+    Mutant("moe-histogram-not-zeroed", "moe",
+           (Patch(MOE_ROUTE, "        sHist[e] = 0;\n    }\n    __syncthreads();\n    int64_t const begin",
+                  "        sHist[e] = 0;\n    }\n    int64_t const begin"),),
+           "some threads count experts before others have cleared the histogram"),
+)
+
+MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}
