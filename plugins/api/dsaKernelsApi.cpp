@@ -143,7 +143,10 @@ DSA_API int32_t dsa_sparse_attention_path(int64_t H, int64_t Hkv, int64_t Dk, in
     {
         return -1;
     }
-    return dsa::sparseAttentionPath(H, Hkv, Dk, Dv, static_cast<dsa::DType>(dtype), dev.smMajor);
+    // The launcher's own decision for aligned tensors and an explicit v (values from keys need less
+    // shared memory, so a tensor-core answer holds for both forms).
+    return dsa::sparseAttentionPath(H, Hkv, Dk, Dv, /*valuesFromKeys=*/false, /*aligned=*/true,
+        static_cast<dsa::DType>(dtype), dev);
 }
 
 DSA_API int32_t dsa_block_sparse_attention(void const* q, void const* k, void const* v, int32_t const* block_index,
@@ -197,7 +200,10 @@ DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t 
     {
         return -1;
     }
-    return dsa::blockSparseAttentionPath(Dk, Dv, block_size, static_cast<dsa::DType>(dtype), dev.smMajor);
+    // The launcher's own decision for aligned tensors and the smallest block list (T <= block_size,
+    // Kb = 1); a list of very many key blocks takes shared memory from the tiles (see dsa_kernels.h).
+    return dsa::blockSparseAttentionPath(Dk, Dv, block_size, /*T=*/block_size, /*Kb=*/1, /*aligned=*/true,
+        static_cast<dsa::DType>(dtype), dev);
 }
 
 DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype)
@@ -211,7 +217,7 @@ DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype)
     {
         return -1;
     }
-    return dsa::indexerTopKPath(H, D, static_cast<dsa::DType>(dtype), dev.smMajor);
+    return dsa::indexerTopKPath(H, D, static_cast<dsa::DType>(dtype), /*aligned=*/true, dev);
 }
 
 DSA_API size_t dsa_moe_experts_workspace_size(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype)
@@ -296,7 +302,7 @@ DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H,
         return -1;
     }
     return dsa::moeExpertsPath(N, K, E, H, I, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(expert_dtype),
-        block_size, dev.smMajor);
+        block_size, /*aligned=*/true, dev);
 }
 
 } // extern "C"

@@ -71,7 +71,11 @@ DSA_API char const* dsa_last_error(void);
  *   lengths [B] int32 or NULL, out [B,S,topk] int32.
  *   score[b,s,t] = sum_h w[b,s,h] * relu(scale * q[b,s,h,:] . k[b,t,:]); query s sits at T - S + s;
  *   allowed keys t < min(causal ? T - S + s + 1 : T, lengths[b]); the top min(topk, allowed) key
- *   positions are written in unspecified order, remaining slots are -1.
+ *   positions are written, remaining slots are -1; ties at the k-th score go to the lower key
+ *   index. The order is deterministic (it depends only on the inputs): when every allowed key is
+ *   selected, 0, 1, ..., allowed-1; otherwise the keys scoring above the k-th score in ascending
+ *   key index, then the selected keys equal to it in ascending key index (the op contract itself
+ *   does not fix the order).
  * The scores of a bounded block of query rows are kept in `workspace` (fp32, rows x T); more
  * workspace means fewer, larger launches. The minimum is one row (T * 4 bytes, 256-byte aligned).
  */
@@ -90,7 +94,8 @@ DSA_API int32_t dsa_indexer_topk(void const* q, void const* k, void const* w, in
  *   contract's empty v [B,0,Hkv,Dv] (DeepSeek's absorbed MLA: Dk = 576 latent + rope channels, the
  *   first Dv = 512 are the values). Each selected row is then read once, Dk elements instead of
  *   Dk + Dv. The result has the same bits as passing a v that holds those channels. With T == 0
- *   nothing is read and v may be NULL in either form.
+ *   or K == 0 no kernel runs (out is zeroed with cudaMemsetAsync): nothing is read, k and v may
+ *   be NULL (indices too when K == 0).
  */
 DSA_API size_t dsa_sparse_attention_workspace_size(
     int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K);
@@ -141,6 +146,7 @@ DSA_API int32_t dsa_moe_experts(void const* x, int32_t const* topk_ids, void con
  * Which kernels a call with these arguments would use on the current device (for tests and
  * benchmarks), assuming 16-byte aligned tensors and the default workspace: 0 = generic CUDA-core
  * path, 1/2/3 = tensor-core path with 16/64/128 routed rows per tile. Negative on invalid arguments.
+ * The answer is the launcher's own decision (the same function), shared memory limits included.
  */
 DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype,
     int32_t expert_dtype, int64_t block_size);
@@ -148,6 +154,17 @@ DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H,
 /*
  * Which kernel a call with these arguments would use on the current device (for tests and
  * benchmarks): 0 = generic CUDA-core path, 1 = tensor-core path. Negative on invalid arguments.
+ * Each answer is the launcher's own decision (the same function), the device's shared memory
+ * limit included, for 16-byte aligned tensors (a misaligned tensor takes the generic path) and:
+ *   dsa_sparse_attention_path: an explicit v (v == NULL, values from keys, needs less shared
+ *     memory, so a 1 holds for both forms);
+ *   dsa_indexer_topk_path: the logits kernel of a call with T > 0;
+ *   dsa_block_sparse_attention_path: the smallest block list (one key block); the launcher sizes
+ *     the list of the actual T and Kb (a bitmap of ceil(T/block_size) bits plus min(Kb,
+ *     ceil(T/block_size)) ids), so tens of thousands of key blocks can leave no room for the
+ *     tensor-core tiles and take the generic path where this says 1.
+ * Attention calls with T == 0 (or K, Kb == 0) launch no kernel (the output is zeroed); an indexer
+ * call with T == 0 runs only the kernel that writes the -1 rows.
  */
 DSA_API int32_t dsa_sparse_attention_path(
     int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int32_t dtype);

@@ -13,9 +13,45 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace dsa
 {
+
+//! The bytes of v as a To (what std::bit_cast does; usable in device code). Reading an object
+//! through a pointer cast to another type is undefined behaviour (strict aliasing); a memcpy of a
+//! register-sized value compiles to nothing or a register move.
+template <typename To, typename From>
+__device__ __forceinline__ To bitCast(From const& v)
+{
+    static_assert(sizeof(To) == sizeof(From), "bitCast needs types of the same size");
+    To r;
+    memcpy(&r, &v, sizeof(To));
+    return r;
+}
+
+//! Loads a V (a 4/8/16-byte vector such as uint32_t, float2, float4, uint4) from p, which must be
+//! aligned to sizeof(V): a vector access of T elements without a pointer-cast type pun. The memcpy
+//! compiles to one ld of that width because the alignment is stated; note that nvcc needs
+//! __builtin_assume_aligned's result cast back to the element pointer type (a void* result, or a
+//! void* argument, loses the alignment and the copy is split into byte accesses).
+template <typename V, typename P>
+__device__ __forceinline__ V loadAligned(P const* p)
+{
+    P const* const a = static_cast<P const*>(__builtin_assume_aligned(p, sizeof(V)));
+    V v;
+    memcpy(&v, a, sizeof(V));
+    return v;
+}
+
+//! Stores a V at p (aligned to sizeof(V)); the counterpart of loadAligned.
+template <typename V, typename P>
+__device__ __forceinline__ void storeAligned(P* p, V const& v)
+{
+    P* const a = static_cast<P*>(__builtin_assume_aligned(p, sizeof(V)));
+    memcpy(a, &v, sizeof(V));
+}
+
 namespace mma
 {
 
@@ -102,22 +138,21 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t const (&a)[4], 
     Mma16816<T>::run(c, a, b0, b1);
 }
 
-//! Two floats packed into one 32-bit register of T pairs (low half = first element).
+//! Two floats packed into one 32-bit register of T pairs (low half = first element), each rounded
+//! to nearest even.
 template <typename T>
 __device__ __forceinline__ uint32_t packPair(float lo, float hi);
 
 template <>
 __device__ __forceinline__ uint32_t packPair<__nv_bfloat16>(float lo, float hi)
 {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    return bitCast<uint32_t>(__floats2bfloat162_rn(lo, hi));
 }
 
 template <>
 __device__ __forceinline__ uint32_t packPair<__half>(float lo, float hi)
 {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    return bitCast<uint32_t>(__floats2half2_rn(lo, hi));
 }
 
 } // namespace mma

@@ -409,13 +409,13 @@ __global__ void __launch_bounds__(WM * 32) blockSparseAttentionMmaKernel(
         int const col = nt * 8 + 2 * c;
         if (row0 < p.S)
         {
-            *reinterpret_cast<uint32_t*>(out + ((b * p.S + row0) * p.H + h) * DV + col)
-                = mma::packPair<T>(o[nt][0] * inv[0], o[nt][1] * inv[0]);
+            storeAligned(out + ((b * p.S + row0) * p.H + h) * DV + col,
+                mma::packPair<T>(o[nt][0] * inv[0], o[nt][1] * inv[0]));
         }
         if (row1 < p.S)
         {
-            *reinterpret_cast<uint32_t*>(out + ((b * p.S + row1) * p.H + h) * DV + col)
-                = mma::packPair<T>(o[nt][2] * inv[1], o[nt][3] * inv[1]);
+            storeAligned(out + ((b * p.S + row1) * p.H + h) * DV + col,
+                mma::packPair<T>(o[nt][2] * inv[1], o[nt][3] * inv[1]));
         }
     }
 }
@@ -676,11 +676,30 @@ bool aligned16(void const* ptr)
     return (reinterpret_cast<uintptr_t>(ptr) & 15U) == 0;
 }
 
+//! The launcher's kernel choice: the tensor-core configuration for these arguments on dev (nkb key
+//! blocks, at most cap listed), or TcConfig{} (wm == 0) for the generic kernel when the shapes, the
+//! dtype, the architecture, the alignment or the shared memory of every configuration (tiles plus
+//! the canonical block list) rule the tensor-core kernel out. blockSparseAttentionPath() reports
+//! the same decision.
+TcConfig planTc(int64_t Dk, int64_t Dv, int64_t blockSize, int64_t nkb, int64_t cap, bool aligned, DType dtype,
+    DeviceInfo const& dev)
+{
+    if (!aligned || !tcShapeOk(Dk, Dv, blockSize, dtype, dev.smMajor))
+    {
+        return TcConfig{};
+    }
+    return pickTcConfig(Dk, Dv, blockSize, nkb, cap, dev.maxSmemOptin);
+}
+
 } // namespace
 
-int32_t blockSparseAttentionPath(int64_t Dk, int64_t Dv, int64_t blockSize, DType dtype, int32_t smMajor)
+int32_t blockSparseAttentionPath(int64_t Dk, int64_t Dv, int64_t blockSize, int64_t T, int64_t Kb, bool aligned,
+    DType dtype, DeviceInfo const& dev)
 {
-    return tcShapeOk(Dk, Dv, blockSize, dtype, smMajor) ? 1 : 0;
+    // The launcher only plans for T, Kb > 0 (otherwise it writes zeros without a kernel).
+    int64_t const nkb = ceilDiv(T > 1 ? T : 1, blockSize);
+    int64_t const cap = Kb < 1 ? 1 : (Kb < nkb ? Kb : nkb);
+    return planTc(Dk, Dv, blockSize, nkb, cap, aligned, dtype, dev).wm != 0 ? 1 : 0;
 }
 
 int32_t launchBlockSparseAttention(BlockSparseAttentionParams const& p, DType dtype, cudaStream_t stream)
@@ -729,16 +748,12 @@ int32_t launchBlockSparseAttention(BlockSparseAttentionParams const& p, DType dt
         return kCUDA_ERROR;
     }
     int64_t const cap = p.Kb < nkb ? p.Kb : nkb; // distinct listed blocks at most
-    bool const tc = tcShapeOk(p.Dk, p.Dv, p.blockSize, dtype, dev.smMajor) && aligned16(p.q) && aligned16(p.k)
-        && aligned16(p.v) && aligned16(p.out);
-    if (tc)
+    bool const aligned = aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.out);
+    TcConfig const cfg = planTc(p.Dk, p.Dv, p.blockSize, nkb, cap, aligned, dtype, dev);
+    if (cfg.wm != 0)
     {
-        TcConfig const cfg = pickTcConfig(p.Dk, p.Dv, p.blockSize, nkb, cap, dev.maxSmemOptin);
-        if (cfg.wm != 0)
-        {
-            return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, nkb, cap, stream)
-                                            : launchTc<__nv_bfloat16>(p, cfg, nkb, cap, stream);
-        }
+        return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, nkb, cap, stream)
+                                        : launchTc<__nv_bfloat16>(p, cfg, nkb, cap, stream);
     }
     switch (dtype)
     {

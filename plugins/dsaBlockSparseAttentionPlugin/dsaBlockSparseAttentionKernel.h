@@ -22,8 +22,12 @@ struct BlockSparseAttentionParams
     bool causal{true};
 };
 
-//! Which kernel family serves these shapes: 1 = tensor-core (mma.sync) path, 0 = generic path.
-int32_t blockSparseAttentionPath(int64_t Dk, int64_t Dv, int64_t blockSize, DType dtype, int32_t smMajor);
+//! Which kernel family a launch with these arguments (and T, Kb > 0) takes on device dev:
+//! 1 = tensor-core (mma.sync) path, 0 = generic path. The launcher decides with the same function,
+//! so the two always agree. T and Kb size the canonical block list that shares the CTA's shared
+//! memory with the tiles; `aligned`: q, k, v and out are 16-byte aligned.
+int32_t blockSparseAttentionPath(int64_t Dk, int64_t Dv, int64_t blockSize, int64_t T, int64_t Kb, bool aligned,
+    DType dtype, DeviceInfo const& dev);
 
 //! Validates the parameters and enqueues the kernel on stream. Returns a Status. Needs no workspace.
 int32_t launchBlockSparseAttention(BlockSparseAttentionParams const& p, DType dtype, cudaStream_t stream);

@@ -8,7 +8,8 @@
  * tiles of 64 rows (cp.async, double-buffered). Each warp owns up to two 16-row m-tiles of
  * (query, head) rows and all 64 keys, computes q.k with mma.sync m16n8k16 (fp32 accumulation),
  * then applies ReLU(scale * .), multiplies by w[b,s,h] and sums the 16 head rows with warp
- * shuffles; m-tiles of the same query are combined with shared-memory atomics. Only keys a row may
+ * shuffles; the m-tiles of one query (ceil16(H) / 16 of them) leave their sums in shared memory
+ * and are added in ascending order, so the scores are bitwise reproducible. Only keys a row may
  * select (t < allowed(b,s)) are written; CTAs whose key slice lies beyond every row's limit exit.
  * Generic path (fp32 and other shapes): one thread per (query, key), fp32 dot products.
  *
@@ -16,7 +17,9 @@
  * (0..n-1, then -1) and need no scores. Otherwise a 4-pass 8-bit radix select over the
  * order-preserving uint32 image of the fp32 scores finds the exact k-th largest value; a final
  * ordered pass writes every key above it and the lowest-index keys equal to it (ties break toward
- * the lower key index, as the CPU reference does). Histograms live in shared memory with
+ * the lower key index, as the CPU reference does), each at its block-wide rank in key order: the
+ * keys above the k-th score in ascending key index, then the selected ties in ascending key index,
+ * so the order of a row's indices depends only on the inputs. Histograms live in shared memory with
  * warp-aggregated atomics (__match_any_sync), so rows full of equal scores stay fast.
  *
  * Workspace: rows * T * 4 bytes, rows = min(B*S, 256 MiB / (4T)) by default; the launcher walks
@@ -84,8 +87,9 @@ size_t logitsSmemBytes(int64_t qb, int64_t hp, int64_t d)
 {
     int64_t const rows = qb * hp;
     int64_t const ldq = d + 8;
-    return static_cast<size_t>(rows * ldq + 2 * kIX_BN * ldq) * 2 + static_cast<size_t>(rows + qb * kIX_BN) * sizeof(float)
-        + static_cast<size_t>(qb) * sizeof(int32_t);
+    // Q and two key tiles (16-bit), w per row, one partial score row of the tile per m-tile, limits.
+    return static_cast<size_t>(rows * ldq + 2 * kIX_BN * ldq) * 2
+        + static_cast<size_t>(rows + (rows / 16) * kIX_BN) * sizeof(float) + static_cast<size_t>(qb) * sizeof(int32_t);
 }
 
 template <typename T, typename TW>
@@ -101,8 +105,8 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
     T* sQ = reinterpret_cast<T*>(smemRaw);
     T* sK = sQ + rows * ldq;
     float* sW = reinterpret_cast<float*>(sK + 2 * BN * ldq);
-    float* sRed = sW + rows;
-    int* sLim = reinterpret_cast<int*>(sRed + qb * BN);
+    float* sPart = sW + rows; // [mTiles][BN]: each m-tile's head sum of the tile's keys
+    int* sLim = reinterpret_cast<int*>(sPart + mTiles * BN);
 
     int const tid = threadIdx.x;
     int const warp = tid >> 5;
@@ -151,10 +155,6 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
         int const h = r - qi * hp;
         bool const valid = h < p.H && sLim[qi] > 0;
         sW[r] = valid ? toFloat(w[(b * p.S + sBase + qi) * p.H + h]) : 0.F;
-    }
-    for (int i = tid; i < qb * BN; i += kIX_THREADS)
-    {
-        sRed[i] = 0.F;
     }
 
     T const* kBatch = k + b * p.T * p.D;
@@ -248,7 +248,6 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
             int const r0 = mt * 16 + g;
             float const w0 = sW[r0];
             float const w1 = sW[r0 + 8];
-            int const qi = (mt * 16) / hp;
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
             {
@@ -262,22 +261,32 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
                 }
                 if (g == 0)
                 {
-                    atomicAdd(sRed + qi * BN + nt * 8 + 2 * c, cs0);
-                    atomicAdd(sRed + qi * BN + nt * 8 + 2 * c + 1, cs1);
+                    // One writer per (m-tile, key): every entry is rewritten for every tile.
+                    sPart[mt * BN + nt * 8 + 2 * c] = cs0;
+                    sPart[mt * BN + nt * 8 + 2 * c + 1] = cs1;
                 }
             }
         }
         __syncthreads();
+        // A query's m-tiles (hp / 16 of them) are summed in ascending order, so its scores have the
+        // same bits on every run (shared-memory float atomics would add them in arrival order).
+        int const mtPerQuery = hp / 16;
         for (int i = tid; i < qb * BN; i += kIX_THREADS)
         {
             int const qi = i / BN;
-            int64_t const t = t0 + (i - qi * BN);
+            int const col = i - qi * BN;
+            int64_t const t = t0 + col;
             if (t < sLim[qi])
             {
+                float const* part = sPart + qi * mtPerQuery * BN + col;
+                float score = part[0];
+                for (int m = 1; m < mtPerQuery; ++m)
+                {
+                    score += part[m * BN];
+                }
                 int64_t const row = static_cast<int64_t>(blockIdx.z) * ch.sc + (sBase + qi - ch.s0);
-                ch.ws[row * p.T + t] = sRed[i];
+                ch.ws[row * p.T + t] = score;
             }
-            sRed[i] = 0.F;
         }
     }
     mma::cpAsyncWait<0>();
@@ -327,8 +336,8 @@ __global__ void __launch_bounds__(kTOPK_THREADS) indexerTopKSelectKernel(Indexer
     __shared__ uint32_t sPrefix;
     __shared__ uint32_t sMask;
     __shared__ int64_t sRemaining;
-    __shared__ int64_t sOutPos;
-    __shared__ int32_t sWarpCount[NW];
+    __shared__ int32_t sWarpGt[NW];
+    __shared__ int32_t sWarpEq[NW];
 
     int const tid = threadIdx.x;
     int const lane = tid & 31;
@@ -353,7 +362,6 @@ __global__ void __launch_bounds__(kTOPK_THREADS) indexerTopKSelectKernel(Indexer
         sPrefix = 0;
         sMask = 0;
         sRemaining = p.topk;
-        sOutPos = 0;
     }
     uint32_t prefix = 0;
     uint32_t mask = 0;
@@ -407,43 +415,57 @@ __global__ void __launch_bounds__(kTOPK_THREADS) indexerTopKSelectKernel(Indexer
     }
     uint32_t const kth = sPrefix;          // exact key of the k-th largest score
     int64_t const needEq = sRemaining;     // how many keys equal to kth are selected (>= 1)
-    int64_t const countGt = p.topk - needEq;
+    int64_t const countGt = p.topk - needEq; // exactly the number of keys above kth
 
-    int64_t eqBase = 0;
+    // Output pass in key order. Every key above kth and the first needEq keys equal to it are
+    // placed by their rank in key order, counted block-wide (ballot + popc within a warp, the warp
+    // totals of this step in shared memory, running totals across steps): slots [0, countGt) hold
+    // the keys above kth in ascending key index, slots [countGt, topk) the selected ties in
+    // ascending key index. The order depends only on the scores, never on thread timing.
+    uint32_t const lanesBelow = (1U << lane) - 1U;
+    int32_t gtBase = 0; // ranks are below n <= T < 2^31 (checked by the launcher)
+    int32_t eqBase = 0;
     for (int64_t base = 0; base < n; base += kTOPK_THREADS)
     {
         int64_t const t = base + tid;
         uint32_t const key = t < n ? orderedKey(scores[t]) : 0U;
         bool const gt = t < n && key > kth;
         bool const eq = t < n && key == kth;
-        if (gt)
-        {
-            unsigned long long const pos = atomicAdd(reinterpret_cast<unsigned long long*>(&sOutPos), 1ULL);
-            out[pos] = static_cast<int32_t>(t);
-        }
-        uint32_t const ballot = __ballot_sync(0xffffffffU, eq);
+        uint32_t const ballotGt = __ballot_sync(0xffffffffU, gt);
+        uint32_t const ballotEq = __ballot_sync(0xffffffffU, eq);
         if (lane == 0)
         {
-            sWarpCount[warp] = __popc(ballot);
+            sWarpGt[warp] = __popc(ballotGt);
+            sWarpEq[warp] = __popc(ballotEq);
         }
         __syncthreads();
-        int64_t before = 0;
-        int64_t total = 0;
+        int32_t beforeGt = 0; // counts of one step: at most kTOPK_THREADS
+        int32_t beforeEq = 0;
+        int32_t totalGt = 0;
+        int32_t totalEq = 0;
         for (int wi = 0; wi < NW; ++wi)
         {
-            int const cnt = sWarpCount[wi];
-            before += wi < warp ? cnt : 0;
-            total += cnt;
+            int const cntGt = sWarpGt[wi];
+            int const cntEq = sWarpEq[wi];
+            beforeGt += wi < warp ? cntGt : 0;
+            beforeEq += wi < warp ? cntEq : 0;
+            totalGt += cntGt;
+            totalEq += cntEq;
+        }
+        if (gt)
+        {
+            out[gtBase + beforeGt + __popc(ballotGt & lanesBelow)] = static_cast<int32_t>(t);
         }
         if (eq)
         {
-            int64_t const rank = eqBase + before + __popc(ballot & ((1U << lane) - 1U));
+            int32_t const rank = eqBase + beforeEq + __popc(ballotEq & lanesBelow);
             if (rank < needEq)
             {
                 out[countGt + rank] = static_cast<int32_t>(t);
             }
         }
-        eqBase += total;
+        gtBase += totalGt;
+        eqBase += totalEq;
         __syncthreads();
     }
 }
@@ -456,6 +478,41 @@ bool tcShapeOk(int64_t H, int64_t D, DType dtype, int32_t smMajor)
 bool aligned16(void const* ptr)
 {
     return (reinterpret_cast<uintptr_t>(ptr) & 15U) == 0;
+}
+
+//! The logits kernel of a launch: tensor-core (with qb query rows per CTA and smem bytes of shared
+//! memory) or generic.
+struct LogitsPlan
+{
+    bool tc{false};
+    int64_t qb{1};
+    size_t smem{0};
+};
+
+//! The launcher's logits-kernel choice for these arguments on dev: the tensor-core kernel when the
+//! dtype, shapes, architecture and alignment allow it and a CTA of at least one query row fits in
+//! the device's shared memory, else the generic kernel. indexerTopKPath() reports the same decision.
+LogitsPlan planLogits(int64_t H, int64_t D, DType dtype, bool aligned, DeviceInfo const& dev)
+{
+    LogitsPlan plan;
+    if (!aligned || !tcShapeOk(H, D, dtype, dev.smMajor))
+    {
+        return plan;
+    }
+    int64_t const hp = (H + 15) / 16 * 16;
+    int64_t qb = kIX_MAX_ROWS / hp;
+    while (qb > 1 && logitsSmemBytes(qb, hp, D) > dev.maxSmemOptin)
+    {
+        qb /= 2;
+    }
+    size_t const smem = logitsSmemBytes(qb, hp, D);
+    if (smem <= dev.maxSmemOptin)
+    {
+        plan.tc = true;
+        plan.qb = qb;
+        plan.smem = smem;
+    }
+    return plan;
 }
 
 //! Enqueues the tensor-core logits kernel; float inputs never take this path.
@@ -521,20 +578,10 @@ template <typename T, typename TW>
 int32_t launchTyped(IndexerTopKParams const& p, DeviceInfo const& dev, void* workspace, size_t workspaceBytes,
     cudaStream_t stream)
 {
-    bool tc = tcShapeOk(p.H, p.D, dtypeOf<T>(), dev.smMajor) && aligned16(p.q) && aligned16(p.k);
-    int64_t qb = 1;
-    size_t smem = 0;
-    if (tc)
-    {
-        int64_t const hp = (p.H + 15) / 16 * 16;
-        qb = kIX_MAX_ROWS / hp;
-        while (qb > 1 && logitsSmemBytes(qb, hp, p.D) > dev.maxSmemOptin)
-        {
-            qb /= 2;
-        }
-        smem = logitsSmemBytes(qb, hp, p.D);
-        tc = smem <= dev.maxSmemOptin;
-    }
+    LogitsPlan const plan = planLogits(p.H, p.D, dtypeOf<T>(), aligned16(p.q) && aligned16(p.k), dev);
+    bool const tc = plan.tc;
+    int64_t const qb = plan.qb;
+    size_t const smem = plan.smem;
     if (tc)
     {
         int32_t const st = setLogitsMmaSmem<T, TW>(smem);
@@ -603,9 +650,9 @@ size_t indexerTopKWorkspaceSize(int64_t B, int64_t S, int64_t T, int64_t /*H*/, 
     return alignUp(bytes, 256);
 }
 
-int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, int32_t smMajor)
+int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, bool aligned, DeviceInfo const& dev)
 {
-    return tcShapeOk(H, D, dtype, smMajor) ? 1 : 0;
+    return planLogits(H, D, dtype, aligned, dev).tc ? 1 : 0;
 }
 
 int32_t launchIndexerTopK(IndexerTopKParams const& p, DType dtype, DType wDtype, void* workspace,

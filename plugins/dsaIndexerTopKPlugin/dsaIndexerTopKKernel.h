@@ -29,8 +29,10 @@ size_t indexerTopKWorkspaceSize(int64_t B, int64_t S, int64_t T, int64_t H, int6
 //! The smallest workspace the launcher accepts (one row of scores).
 size_t indexerTopKMinWorkspaceSize(int64_t T);
 
-//! 1 = tensor-core logits kernel, 0 = generic logits kernel.
-int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, int32_t smMajor);
+//! The logits kernel a launch with these arguments (and T > 0) takes on device dev: 1 = tensor-core,
+//! 0 = generic. The launcher decides with the same function, so the two always agree. `aligned`:
+//! q and k are 16-byte aligned.
+int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, bool aligned, DeviceInfo const& dev);
 
 //! Validates the parameters and enqueues logits + top-k kernels, chunked to fit the workspace.
 int32_t launchIndexerTopK(IndexerTopKParams const& p, DType dtype, DType wDtype, void* workspace,

@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(TcShape<WARPS_M, MT, BK>::kThreads) moeGemmMma
             {
                 int32_t const r = q / QCH;
                 int32_t const c = q - r * QCH;
-                uint4 const raw = *reinterpret_cast<uint4 const*>(src8 + r * BK + c * 16);
+                uint4 const raw = loadAligned<uint4>(src8 + r * BK + c * 16);
                 float const s = srcS[r * QCH + c];
                 uint32_t const words[4] = {raw.x, raw.y, raw.z, raw.w};
                 uint32_t packed[8];
@@ -325,9 +325,9 @@ __global__ void __launch_bounds__(TcShape<WARPS_M, MT, BK>::kThreads) moeGemmMma
                         packed[wi * 2 + hi] = mma::packPair<T>(f.x * s, f.y * s);
                     }
                 }
-                uint4* dst = reinterpret_cast<uint4*>(sConv + r * LD + c * 16);
-                dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-                dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+                T* dst = sConv + r * LD + c * 16;
+                storeAligned(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+                storeAligned(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
             }
             __syncthreads();
             tB = sConv;
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(TcShape<WARPS_M, MT, BK>::kThreads) moeGemmMma
                     }
                     float const v0 = siluFast(acc[mt][f][2 * hh]) * acc[mt][f + 2][2 * hh];
                     float const v1 = siluFast(acc[mt][f][2 * hh + 1]) * acc[mt][f + 2][2 * hh + 1];
-                    *reinterpret_cast<uint32_t*>(act + static_cast<int64_t>(r) * a.I + j) = mma::packPair<T>(v0, v1);
+                    storeAligned(act + static_cast<int64_t>(r) * a.I + j, mma::packPair<T>(v0, v1));
                 }
             }
         }
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(TcShape<WARPS_M, MT, BK>::kThreads) moeGemmMma
                     int64_t const n = n0 + wn * 32 + f * 8 + 2 * c4;
                     if (n < a.H)
                     {
-                        *reinterpret_cast<float2*>(dst + n) = make_float2(acc[mt][f][2 * hh], acc[mt][f][2 * hh + 1]);
+                        storeAligned(dst + n, make_float2(acc[mt][f][2 * hh], acc[mt][f][2 * hh + 1]));
                     }
                 }
             }
@@ -515,9 +515,9 @@ __global__ void __launch_bounds__(kGEN_THREADS) moeGemmGenericKernel(GemmArgs a)
 #pragma unroll
         for (int32_t kk = 0; kk < BK; ++kk)
         {
-            float4 const av = *reinterpret_cast<float4 const*>(&sA[kk][ty * 4]);
-            float2 const b01 = *reinterpret_cast<float2 const*>(&sB[kk][2 * tx]);
-            float2 const b23 = *reinterpret_cast<float2 const*>(&sB[kk][HALF + 2 * tx]);
+            float4 const av = loadAligned<float4>(&sA[kk][ty * 4]);
+            float2 const b01 = loadAligned<float2>(&sB[kk][2 * tx]);
+            float2 const b23 = loadAligned<float2>(&sB[kk][HALF + 2 * tx]);
             float const as[4] = {av.x, av.y, av.z, av.w};
             float const bs[4] = {b01.x, b01.y, b23.x, b23.y};
 #pragma unroll
@@ -582,6 +582,7 @@ int32_t launchTcGemm(GemmArgs a, DeviceInfo const& dev, cudaStream_t stream)
     size_t const smem = Shape::smemBytes(FP8);
     if (smem > dev.maxSmemOptin)
     {
+        // The launcher's path choice (choosePath in dsaMoEExpertsKernel.cu) never gets here.
         return setLastError(kUNSUPPORTED, "DSAMoEExperts: the tensor-core tile needs " + std::to_string(smem)
                 + " bytes of shared memory, the device allows " + std::to_string(dev.maxSmemOptin));
     }
@@ -649,6 +650,18 @@ int32_t launchGemmTyped(GemmArgs const& a, bool fp8, bool gateUp, int32_t path, 
 }
 
 } // namespace
+
+size_t tcGemmSmemBytes(int32_t path, bool fp8)
+{
+    // The tile shapes of launchGemm's switch below.
+    switch (path)
+    {
+    case kMOE_PATH_TC_SMALL: return TcShape<1, 1, 64>::smemBytes(fp8);
+    case kMOE_PATH_TC_MEDIUM: return TcShape<2, 2, 32>::smemBytes(fp8);
+    case kMOE_PATH_TC_LARGE: return TcShape<2, 4, 32>::smemBytes(fp8);
+    default: return 0;
+    }
+}
 
 int32_t launchGemm(GemmArgs const& a, DType dtype, bool fp8, bool gateUp, int32_t path, DeviceInfo const& dev,
     cudaStream_t stream)

@@ -60,6 +60,11 @@ int32_t launchRoute(int32_t const* ids, int64_t S, int64_t E, int32_t bm, int32_
 int32_t launchCombine(float const* slotOut, int32_t const* ids, void const* weights, DType weightsDtype, void* out,
     DType dtype, int64_t tokens, int64_t K, int64_t E, int64_t H, cudaStream_t stream);
 
+//! Dynamic shared memory of the tensor-core GEMM kernels of a tile path (kMOE_PATH_TC_*) with 16-bit
+//! or FP8 weights (the same for gate_up and down); 0 for the generic path, which needs no dynamic
+//! shared memory (its static tiles fit every sm_80+ device).
+size_t tcGemmSmemBytes(int32_t path, bool fp8);
+
 //! gate_up (fused SiLU * up, writes a.act) or down (writes a.slotOut) GEMM on the given kernel path.
 int32_t launchGemm(GemmArgs const& a, DType dtype, bool fp8, bool gateUp, int32_t path, DeviceInfo const& dev,
     cudaStream_t stream);

@@ -25,9 +25,12 @@
  * Tensor-core path (fp16/bf16 x, sm_80+, H and I multiples of 8 (16 for FP8), 16-byte aligned
  * tensors): mma.sync.m16n8k16 with fp32 accumulation, 4-stage cp.async pipeline, ldmatrix from
  * padded shared rows. CTA tile BM x 128 columns with 4 column warps of 32 columns each:
- *   small  BM = 16  (1 x 4 warps, BK = 64)  decode, a few rows per expert
- *   medium BM = 64  (2 x 4 warps, BK = 32)
- *   large  BM = 128 (2 x 4 warps, BK = 32)  prefill
+ *   small  BM = 16  (1 x 4 warps, BK = 64)  decode, a few rows per expert  (81.1 / 67.1 KiB, FP8)
+ *   medium BM = 64  (2 x 4 warps, BK = 32)                                 (60.3 / 50.3 KiB, FP8)
+ *   large  BM = 128 (2 x 4 warps, BK = 32)  prefill                        (80.5 / 70.5 KiB, FP8)
+ * (dynamic shared memory per CTA). The automatic choice takes the family by rows per expert; on a
+ * device whose per-block shared memory cannot hold it, the family that fits with the least shared
+ * memory, else the generic kernel (choosePath).
  * FP8 e4m3 weights: the tile arrives as fp8 through cp.async together with its block scales (one
  * 4-byte cp.async per row and 16 k), then each thread dequantizes 16 weights (hardware cvt on
  * sm_89+, emulated before) in fp32, multiplies by the block scale and rounds once to x's dtype into
@@ -156,6 +159,63 @@ int32_t pickTcPath(int64_t S, int64_t E)
     return rowsPerExpert <= 64 ? kMOE_PATH_TC_MEDIUM : kMOE_PATH_TC_LARGE;
 }
 
+//! Whether the tensor-core GEMMs of a tile path fit in the device's shared memory.
+bool tcPathFits(int32_t path, bool fp8, DeviceInfo const& dev)
+{
+    return tcGemmSmemBytes(path, fp8) <= dev.maxSmemOptin;
+}
+
+//! The launcher's kernel-path choice (moeExpertsPath() reports the same decision). tcOk: the
+//! tensor-core kernels take the dtypes, shapes, architecture and alignment. Automatic (requested ==
+//! kMOE_PATH_AUTO): the tile family by rows per expert of a pass of tokensPerPass tokens; when its
+//! tiles do not fit in the device's shared memory, the tensor-core family that fits with the least
+//! shared memory, else the generic kernel (the tensor-core families give the same bits, the generic
+//! kernel differs by rounding only). A forced path is returned as is when it can run; otherwise
+//! the result is -1 and why says what is missing.
+int32_t choosePath(int32_t requested, int64_t tokensPerPass, int64_t K, int64_t E, bool tcOk, bool fp8,
+    DeviceInfo const& dev, std::string& why)
+{
+    if (requested == kMOE_PATH_GENERIC)
+    {
+        return kMOE_PATH_GENERIC;
+    }
+    if (!tcOk)
+    {
+        if (requested == kMOE_PATH_AUTO)
+        {
+            return kMOE_PATH_GENERIC;
+        }
+        why = "the tensor-core kernels need fp16/bf16 x, sm_80+, H and I multiples of 8 (16 and block_size % 16 == 0 "
+              "for FP8) and 16-byte aligned x, gate_up and down";
+        return -1;
+    }
+    if (requested != kMOE_PATH_AUTO)
+    {
+        if (tcPathFits(requested, fp8, dev))
+        {
+            return requested;
+        }
+        why = "kernel path " + std::to_string(requested) + " needs " + std::to_string(tcGemmSmemBytes(requested, fp8))
+            + " bytes of shared memory per block, the device allows " + std::to_string(dev.maxSmemOptin);
+        return -1;
+    }
+    int32_t const preferred = pickTcPath(tokensPerPass * K, E);
+    if (tcPathFits(preferred, fp8, dev))
+    {
+        return preferred;
+    }
+    int32_t chosen = kMOE_PATH_GENERIC;
+    for (int32_t path : {kMOE_PATH_TC_SMALL, kMOE_PATH_TC_MEDIUM, kMOE_PATH_TC_LARGE})
+    {
+        if (tcPathFits(path, fp8, dev)
+            && (chosen == kMOE_PATH_GENERIC || tcGemmSmemBytes(path, fp8) < tcGemmSmemBytes(chosen, fp8)))
+        {
+            chosen = path;
+        }
+    }
+    return chosen;
+}
+
 //! Runs the passes: route, gate_up GEMM, down GEMM and combine for each block of tokens.
 int32_t runPasses(MoEExpertsParams const& p, int32_t path, DeviceInfo const& dev, unsigned char* base,
     int64_t tokensPerPass, cudaStream_t stream)
@@ -264,19 +324,17 @@ size_t moeExpertsMinWorkspaceSize(int64_t K, int64_t E, int64_t H, int64_t I, DT
 }
 
 int32_t moeExpertsPath(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, DType dtype, DType expertDtype,
-    int64_t blockSize, int32_t smMajor)
+    int64_t blockSize, bool aligned, DeviceInfo const& dev)
 {
     if (N < 0 || badDims(K, E, H, I) || blockSize < 1 || blockSize > kMAX_EXTENT)
     {
         return -1;
     }
-    if (!tcShapeOk(H, I, dtype, expertDtype, blockSize, smMajor))
-    {
-        return kMOE_PATH_GENERIC;
-    }
+    bool const tcOk = aligned && tcShapeOk(H, I, dtype, expertDtype, blockSize, dev.smMajor);
     size_t const ws = moeExpertsWorkspaceSize(N, K, E, H, I, dtype);
     int64_t const tokens = tokensThatFit(ws, N > 0 ? N : 1, K, E, H, I, dtypeSize(dtype));
-    return pickTcPath(tokens * K, E);
+    std::string why;
+    return choosePath(kMOE_PATH_AUTO, tokens, K, E, tcOk, expertDtype == DType::kFP8_E4M3, dev, why);
 }
 
 int32_t launchMoEExperts(MoEExpertsParams const& p, void* workspace, size_t workspaceBytes, cudaStream_t stream)
@@ -345,16 +403,11 @@ int32_t launchMoEExperts(MoEExpertsParams const& p, void* workspace, size_t work
     }
     bool const tcOk = tcShapeOk(p.H, p.I, p.dtype, p.expertDtype, p.blockSize, dev.smMajor) && aligned16(p.x)
         && aligned16(p.gateUp) && aligned16(p.down);
-    int32_t path = p.path;
-    if (path == kMOE_PATH_AUTO)
+    std::string why;
+    int32_t const path = choosePath(p.path, tokensPerPass, p.K, p.E, tcOk, fp8, dev, why);
+    if (path < 0)
     {
-        path = tcOk ? pickTcPath(tokensPerPass * p.K, p.E) : kMOE_PATH_GENERIC;
-    }
-    else if (path != kMOE_PATH_GENERIC && !tcOk)
-    {
-        return setLastError(kUNSUPPORTED,
-            "DSAMoEExperts: the tensor-core kernels need fp16/bf16 x, sm_80+, H and I multiples of 8 (16 and "
-            "block_size % 16 == 0 for FP8) and 16-byte aligned x, gate_up and down");
+        return setLastError(kUNSUPPORTED, "DSAMoEExperts: " + why);
     }
     return runPasses(p, path, dev, base, tokensPerPass, stream);
 }

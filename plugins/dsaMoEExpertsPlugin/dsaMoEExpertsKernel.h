@@ -55,10 +55,11 @@ size_t moeExpertsWorkspaceSize(int64_t N, int64_t K, int64_t E, int64_t H, int64
 //! The smallest workspace the launcher accepts (one token per pass).
 size_t moeExpertsMinWorkspaceSize(int64_t K, int64_t E, int64_t H, int64_t I, DType dtype);
 
-//! The kernel family an automatic launch with these arguments uses (a MoEPath value), assuming
-//! 16-byte aligned tensors and the default workspace; negative on invalid arguments.
+//! The kernel family an automatic launch with these arguments uses on device dev (a MoEPath value),
+//! with the default workspace; `aligned`: x, gate_up and down are 16-byte aligned. The launcher
+//! decides with the same function, so the two always agree. Negative on invalid arguments.
 int32_t moeExpertsPath(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, DType dtype, DType expertDtype,
-    int64_t blockSize, int32_t smMajor);
+    int64_t blockSize, bool aligned, DeviceInfo const& dev);
 
 //! Validates the parameters and enqueues routing, the two grouped GEMMs and the combine, in passes
 //! of as many tokens as the workspace holds. Never synchronizes. Returns a Status.

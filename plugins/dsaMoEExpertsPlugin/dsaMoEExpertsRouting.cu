@@ -220,8 +220,11 @@ __global__ void __launch_bounds__(kCOMBINE_THREADS) moeCombineKernel(float const
                 {
                     continue;
                 }
-                float const wk = toFloat(wt[k]);
-                float4 const v = *reinterpret_cast<float4 const*>(src + k * H + h);
+                float const wk = toFloat(__ldg(wt + k));
+                // A 16-byte read-only load through the __ldg intrinsic, not a float4 lvalue over the
+                // float rows (a type pun); memcpy (loadAligned) here would lose the non-coherent
+                // load, and nvcc 13.0 splits part of it into byte loads.
+                float4 const v = __ldg(reinterpret_cast<float4 const*>(src + k * H + h));
                 accv.x = fmaf(wk, v.x, accv.x);
                 accv.y = fmaf(wk, v.y, accv.y);
                 accv.z = fmaf(wk, v.z, accv.z);
@@ -242,7 +245,7 @@ __global__ void __launch_bounds__(kCOMBINE_THREADS) moeCombineKernel(float const
             int32_t const e = __ldg(idt + k);
             if (e >= 0 && e < E)
             {
-                accs = fmaf(toFloat(wt[k]), src[k * H + h], accs);
+                accs = fmaf(toFloat(__ldg(wt + k)), __ldg(src + k * H + h), accs);
             }
         }
         dst[h] = fromFloat<T>(accs);

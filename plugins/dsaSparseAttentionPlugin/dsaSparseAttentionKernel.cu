@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
             lRow[0] += p0 + p1;
             lRow[1] += p2 + p3;
             int const col = half * 16 + nt * 8 + 2 * c;
-            *reinterpret_cast<uint32_t*>(sP + (rowBase + g) * ldp + col) = mma::packPair<T>(p0, p1);
-            *reinterpret_cast<uint32_t*>(sP + (rowBase + g + 8) * ldp + col) = mma::packPair<T>(p2, p3);
+            storeAligned(sP + (rowBase + g) * ldp + col, mma::packPair<T>(p0, p1));
+            storeAligned(sP + (rowBase + g + 8) * ldp + col, mma::packPair<T>(p2, p3));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -312,9 +312,8 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
     for (int nt = 0; nt < NT; ++nt)
     {
         int const col = nt * 8 + 2 * c;
-        *reinterpret_cast<uint32_t*>(out + g * DV + col) = mma::packPair<T>(o[nt][0] * inv[0], o[nt][1] * inv[0]);
-        *reinterpret_cast<uint32_t*>(out + (g + 8) * DV + col)
-            = mma::packPair<T>(o[nt][2] * inv[1], o[nt][3] * inv[1]);
+        storeAligned(out + g * DV + col, mma::packPair<T>(o[nt][0] * inv[0], o[nt][1] * inv[0]));
+        storeAligned(out + (g + 8) * DV + col, mma::packPair<T>(o[nt][2] * inv[1], o[nt][3] * inv[1]));
     }
 }
 
@@ -550,11 +549,26 @@ bool aligned16(void const* ptr)
     return (reinterpret_cast<uintptr_t>(ptr) & 15U) == 0;
 }
 
+//! The launcher's kernel choice: the tensor-core configuration for these arguments on dev, or
+//! TcConfig{} (wm == 0) for the generic kernel when the shapes, the dtype, the architecture, the
+//! alignment or the shared memory of every configuration rule the tensor-core kernel out.
+//! sparseAttentionPath() reports the same decision.
+TcConfig planTc(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, bool valuesFromKeys, bool aligned, DType dtype,
+    DeviceInfo const& dev)
+{
+    if (!aligned || !tcShapeOk(H, Hkv, Dk, Dv, dtype, dev.smMajor))
+    {
+        return TcConfig{};
+    }
+    return pickTcConfig(H / Hkv, Dk, Dv, valuesFromKeys, dev.maxSmemOptin);
+}
+
 } // namespace
 
-int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DType dtype, int32_t smMajor)
+int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, bool valuesFromKeys, bool aligned,
+    DType dtype, DeviceInfo const& dev)
 {
-    return tcShapeOk(H, Hkv, Dk, Dv, dtype, smMajor) ? 1 : 0;
+    return planTc(H, Hkv, Dk, Dv, valuesFromKeys, aligned, dtype, dev).wm != 0 ? 1 : 0;
 }
 
 int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaStream_t stream)
@@ -591,21 +605,25 @@ int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaS
     {
         return setLastError(kUNSUPPORTED, "DSASparseAttention: B*S or H exceeds the grid limits");
     }
+    if (p.T == 0 || p.K == 0)
+    {
+        // No index can be valid: every row is 0 (what the kernels would write). Nothing is launched,
+        // so k, v and indices, which TensorRT may pass as null for empty tensors, are never used as
+        // copy sources (the kernels' zero-filling cp.async still takes a source address).
+        return checkCuda(
+            cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.B * p.S * p.H * p.Dv) * dtypeSize(dtype), stream),
+            "cudaMemsetAsync(DSASparseAttention out)");
+    }
     DeviceInfo dev;
     if (!currentDeviceInfo(dev))
     {
         return kCUDA_ERROR;
     }
-    bool const tc = tcShapeOk(p.H, p.Hkv, p.Dk, p.Dv, dtype, dev.smMajor) && aligned16(p.q) && aligned16(p.k)
-        && (p.valuesFromKeys || aligned16(p.v)) && aligned16(p.out);
-    if (tc)
+    bool const aligned = aligned16(p.q) && aligned16(p.k) && (p.valuesFromKeys || aligned16(p.v)) && aligned16(p.out);
+    TcConfig const cfg = planTc(p.H, p.Hkv, p.Dk, p.Dv, p.valuesFromKeys, aligned, dtype, dev);
+    if (cfg.wm != 0)
     {
-        TcConfig const cfg = pickTcConfig(p.H / p.Hkv, p.Dk, p.Dv, p.valuesFromKeys, dev.maxSmemOptin);
-        if (cfg.wm != 0)
-        {
-            return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, stream)
-                                            : launchTc<__nv_bfloat16>(p, cfg, stream);
-        }
+        return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, stream) : launchTc<__nv_bfloat16>(p, cfg, stream);
     }
     switch (dtype)
     {

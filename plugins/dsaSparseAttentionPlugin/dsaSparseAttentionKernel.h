@@ -22,10 +22,14 @@ struct SparseAttentionParams
     bool valuesFromKeys{false};
 };
 
-//! Which kernel family serves these shapes: 1 = tensor-core (mma.sync) path, 0 = generic path.
-int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DType dtype, int32_t smMajor);
+//! Which kernel family a launch with these arguments takes on device dev: 1 = tensor-core
+//! (mma.sync) path, 0 = generic path. The launcher decides with the same function, so the two
+//! always agree. `aligned`: q, k, v (when read) and out are 16-byte aligned.
+int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, bool valuesFromKeys, bool aligned,
+    DType dtype, DeviceInfo const& dev);
 
-//! Validates the parameters and enqueues the kernel on stream. Returns a Status.
+//! Validates the parameters and enqueues the kernel on stream (with T == 0 or K == 0 only a
+//! memset of out: every row is 0). Returns a Status.
 int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaStream_t stream);
 
 } // namespace dsa
