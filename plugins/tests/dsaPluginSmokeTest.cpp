@@ -5,7 +5,12 @@
  * combinations, output types and shapes, shape validation, workspace sizing, clone). Prints one
  * line per check; exit code 0 when all pass.
  *
- *   dsa_plugin_smoke /path/to/libdsa_plugins.so
+ * With a second argument, a static-registration library (libdsa_plugins_static.so, or the build's
+ * tests/libdsa_plugins_static_check.so linked against the stand-in libnvinfer of
+ * dsaFakeNvinfer.cpp), it also dlopens that library, whose load registers its creators, and looks
+ * each one up in the plugin registry of the libnvinfer it links as ("DSA...", "1", "dsa").
+ *
+ *   dsa_plugin_smoke /path/to/libdsa_plugins.so [/path/to/static-registration library]
  */
 #include "NvInferRuntime.h"
 
@@ -136,6 +141,45 @@ size_t moeWorkspaceFormula(int64_t tokens, int64_t K, int64_t E, int64_t H, int6
     return pass < cap ? pass : cap;
 }
 
+char const* const kCREATOR_NAMES[]
+    = {"DSAIndexerTopK", "DSASparseAttention", "DSABlockSparseAttention", "DSAMoEExperts", "DSAMoEExpertsFP8"};
+
+//! Loads a static-registration library and finds its creators in the registry of its libnvinfer
+//! under namespace "dsa" (and not under "", where REGISTER_TENSORRT_PLUGIN would have put them).
+void checkStaticRegistration(char const* path)
+{
+    void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    check(lib != nullptr, std::string("dlopen ") + path + (lib ? "" : std::string(": ") + dlerror()));
+    if (lib == nullptr)
+    {
+        return;
+    }
+    // dlsym on the handle searches the library, then its dependencies: getPluginRegistry is the one
+    // of the libnvinfer the library was linked against (the stand-in one in the CPU build).
+    using GetRegistry = IPluginRegistry* (*) ();
+    auto getRegistry = reinterpret_cast<GetRegistry>(dlsym(lib, "getPluginRegistry"));
+    check(getRegistry != nullptr, "static library: getPluginRegistry resolves through its libnvinfer");
+    IPluginRegistry* registry = getRegistry != nullptr ? getRegistry() : nullptr;
+    if (registry == nullptr)
+    {
+        return;
+    }
+    for (char const* name : kCREATOR_NAMES)
+    {
+        IPluginCreatorInterface* found = registry->getCreator(name, "1", "dsa");
+        bool ok = found != nullptr && std::strcmp(found->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0;
+        if (ok)
+        {
+            auto* c = static_cast<IPluginCreatorV3One*>(found);
+            ok = std::strcmp(c->getPluginName(), name) == 0 && std::strcmp(c->getPluginVersion(), "1") == 0
+                && std::strcmp(c->getPluginNamespace(), "dsa") == 0 && c->getFieldNames() != nullptr;
+        }
+        check(ok, std::string("static registration: (") + name + ", 1, dsa) is found and reports namespace dsa");
+        check(registry->getCreator(name, "1", "") == nullptr,
+            std::string("static registration: ") + name + " is not registered under the empty namespace");
+    }
+}
+
 IPluginCreatorV3One* findCreator(IPluginCreatorInterface* const* creators, int32_t n, char const* name)
 {
     for (int32_t i = 0; i < n; ++i)
@@ -152,9 +196,9 @@ IPluginCreatorV3One* findCreator(IPluginCreatorInterface* const* creators, int32
 
 int main(int argc, char** argv)
 {
-    if (argc != 2)
+    if (argc != 2 && argc != 3)
     {
-        std::fprintf(stderr, "usage: %s libdsa_plugins.so\n", argv[0]);
+        std::fprintf(stderr, "usage: %s libdsa_plugins.so [static-registration library]\n", argv[0]);
         return 2;
     }
     void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -187,6 +231,10 @@ int main(int argc, char** argv)
         auto* c = static_cast<IPluginCreatorV3One*>(creators[i]);
         check(std::strcmp(c->getPluginNamespace(), "dsa") == 0 && std::strcmp(c->getPluginVersion(), "1") == 0,
             std::string(c->getPluginName()) + " namespace dsa, version 1");
+    }
+    if (argc == 3)
+    {
+        checkStaticRegistration(argv[2]);
     }
 
     // ---- DSAIndexerTopK ----

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dsa_export.ops.contract import OPS
 from dsa_export.plugins.library import exported_symbols
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,9 +117,16 @@ def test_plugin_glue_compiles_against_tensorrt_headers(sm90_build):
     assert {"getCreators", "setLoggerFinder"} <= symbols
     assert symbols <= {"getCreators", "setLoggerFinder"}, f"unexpected exports: {sorted(symbols)}"
     smoke = build_dir / "dsa_plugin_smoke"
-    proc = subprocess.run([str(smoke), str(plugin)], capture_output=True, text=True, timeout=120)
+    # The static-registration source linked against the build's stand-in libnvinfer
+    # (plugins/tests/dsaFakeNvinfer.cpp): loading it must register every creator under "dsa".
+    static_check = build_dir / "tests" / "libdsa_plugins_static_check.so"
+    assert static_check.is_file(), "the static-registration check library was not built"
+    proc = subprocess.run([str(smoke), str(plugin), str(static_check)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: 0 failure(s)" in proc.stdout
+    for name in OPS:
+        assert f"PASS static registration: ({name}, 1, dsa) is found and reports namespace dsa" in proc.stdout, name
+        assert f"PASS static registration: {name} is not registered under the empty namespace" in proc.stdout, name
 
 
 def test_path_command_describes_the_built_library(sm90_build):
@@ -187,6 +195,24 @@ def test_sparse_attention_c_abi_takes_values_from_keys_without_a_gpu(sm90_build)
     status, err = call(k=None)
     assert status == 1 and "null" in err, err
     assert call(B=0, Dv=128)[0] == 0  # nothing to do: success, as before ABI 3
+
+
+def test_sparse_attention_without_keys_only_zeroes_the_output(sm90_build):
+    """T == 0 or K == 0: the launcher zeroes out with cudaMemsetAsync and launches no kernel (the
+    kernels' zero-size cp.async copies would take k/v, which TensorRT may bind to null, as source).
+    Without a CUDA device the memset is what fails, before any device query."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("reads the memset's failure, which needs a machine without a CUDA device")
+    from dsa_export.plugins.kernels import KernelLibrary
+
+    build_dir, _, _ = sm90_build
+    raw = KernelLibrary(build_dir / "libdsa_kernels.so")._lib
+    fake = 0x10000  # never dereferenced: the memset fails first
+    for T, K, k, indices in ((0, 8, None, fake), (40, 0, fake, None)):
+        status = raw.dsa_sparse_attention(fake, k, None, indices, fake, 1, 2, T, 16, 1, 64, 32, K, 1.0, 2, None)
+        err = raw.dsa_last_error().decode()
+        assert status == 4 and "cudaMemsetAsync(DSASparseAttention out)" in err, (T, K, status, err)
 
 
 def test_moe_c_abi_validates_and_sizes_without_a_gpu(sm90_build):
