@@ -33,12 +33,15 @@ def _schedule(name: str) -> Schedule:
     return Schedule(order, copies, resident_ctas=3 if order == "scrambled" else 2)
 
 
-def run_cases(cases, schedules, *, seed: int, patches=(), stop_at_first: bool = False, quiet: bool = False) -> int:
-    kl = EmulatedKernels(patches)
+def run_cases(cases, schedules, *, seed: int, patches=(), stop_at_first: bool = False, quiet: bool = False,
+              kl: EmulatedKernels | None = None) -> int:
+    kl = kl or EmulatedKernels(patches)
     failures = 0
     total = time.perf_counter()
     for case in cases:
         for schedule in schedules:
+            if case.schedules is not None and schedule.name not in case.schedules:
+                continue
             t0 = time.perf_counter()
             try:
                 run_case(kl, case, schedule, seed)
@@ -54,7 +57,7 @@ def run_cases(cases, schedules, *, seed: int, patches=(), stop_at_first: bool = 
             if failures and stop_at_first:
                 return failures
     if not quiet:
-        n = len(cases) * len(schedules)
+        n = sum(1 for c in cases for s in schedules if c.schedules is None or s.name in c.schedules)
         print(f"{n - failures} passed, {failures} failed ({time.perf_counter() - total:.1f} s; "
               f"{kl.stats()['switches']} fiber switches)")
     return failures
@@ -71,7 +74,11 @@ def run_mutations(seed: int, only: list[str] | None, timeout: float) -> int:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             caught = proc.returncode != 0
-            detail = (proc.stdout.strip().splitlines() or proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            lines = proc.stdout.strip().splitlines()
+            detail = lines[-1] if lines else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            first = next((ln for ln in lines if "FAIL" in ln), "")
+            if first:
+                detail += "; first: " + first.split("FAIL: ", 1)[-1][:160]
         except subprocess.TimeoutExpired:
             caught, detail = True, f"hung (killed after {timeout:.0f} s)"
         verdict = "caught" if caught else "MISSED"
@@ -109,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_mutations(args.seed, args.only_mutant, args.timeout)
     schedules = [_schedule(s) for s in args.schedule] if args.schedule else list(DEFAULT_SCHEDULES)
     if args.mutant:
+        # Which schedules catch the bug: each runs the family's cases until its first failure.
         mutant = MUTANTS_BY_NAME[args.mutant]
         cases = [c for c in SMALL_CASES if c.kernel == mutant.kernel]
-        failures = run_cases(cases, schedules, seed=args.seed, patches=mutant.patches, stop_at_first=True, quiet=True)
-        return 1 if failures else 0
+        kl = EmulatedKernels(mutant.patches)
+        caught_by = [s.name for s in schedules
+                     if run_cases(cases, [s], seed=args.seed, stop_at_first=True, quiet=True, kl=kl)]
+        print(f"caught by {len(caught_by)} of {len(schedules)} schedules: {', '.join(caught_by) or 'none'}")
+        return 1 if caught_by else 0
     if args.case:
         unknown = [n for n in args.case if n not in CASES]
         if unknown:

@@ -146,6 +146,10 @@ Allocation const* findAllocation(void const* p)
 
 std::string describeAddress(void const* p)
 {
+    if (p == nullptr)
+    {
+        return "NULL";
+    }
     auto const a = reinterpret_cast<uintptr_t>(p);
     Allocation const* best = nullptr;
     long long bestDist = 0;

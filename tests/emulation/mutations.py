@@ -40,6 +40,11 @@ MUTANTS: tuple[Mutant, ...] = (
            (Patch(SA, "            loadTile(tile + 1, buf ^ 1);\n            mma::cpAsyncCommit();\n",
                   "            loadTile(tile + 1, buf ^ 1);\n"),),
            "without the commit, wait_group<1> keeps the current tile's group in flight"),
+    Mutant("sa-missing-barrier-before-reuse", "attention",
+           (Patch(SA, "                mma::mma16816<T>(o[nt + 1], a, bf[2], bf[3]);\n            }\n        }\n        __syncthreads();\n",
+                  "                mma::mma16816<T>(o[nt + 1], a, bf[2], bf[3]);\n            }\n        }\n"),),
+           "a fast warp refills the tile buffer (and P, the row maxima) while slower warps still read it: a "
+           "write-after-read race"),
     Mutant("sa-index-bound-off-by-one", "attention",
            (Patch(SA, "bool const valid = t >= 0 && t < p.T;", "bool const valid = t >= 0 && t <= p.T;", count=2),),
            "an index equal to T is gathered: a read one row past the keys"),
