@@ -53,7 +53,7 @@ def _onnx_model(v_rows: str):
     from onnx import TensorProto, helper
 
     from dsa_export.ops.contract import PLUGIN_ATTRIBUTES
-    from dsa_export.ops.onnx_ops import function_protos, register_schemas
+    from dsa_export.ops.onnx_ops import function_protos, register_schemas, use_onnxruntime_bodies
 
     register_schemas()
     node = helper.make_node("DSASparseAttention", ["q", "k", "v", "indices"], ["out"], domain="dsa", scale=DK**-0.5,
@@ -67,6 +67,7 @@ def _onnx_model(v_rows: str):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("dsa", 1)],
                               functions=function_protos(18))
     model.ir_version = 10
+    use_onnxruntime_bodies(model)  # the body dsa-export's ONNX Runtime sessions run
     return model
 
 

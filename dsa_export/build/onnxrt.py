@@ -1,7 +1,9 @@
 """The ONNX Runtime artifact: an optimized model plus the session and execution-provider options.
 
 ONNX Runtime inlines the ``dsa`` function bodies when it optimizes, so the saved optimized model
-holds standard ops only and serves the CPU and CUDA execution providers. The TensorRT execution
+holds standard ops only and serves the CPU and CUDA execution providers; it is optimized from the
+file with the trimmed sparse-attention body that ONNX Runtime runs faster
+(:func:`dsa_export.ops.onnx_ops.use_onnxruntime_bodies`). The TensorRT execution
 provider gets the plugin-mode ``model.onnx`` instead (its ``dsa`` nodes intact) with our
 static-registration plugin library in ``trt_extra_plugin_lib_paths``: ONNX Runtime ``dlopen``s
 those libraries and the creators register themselves on load. ``session.json`` lists one provider
@@ -83,7 +85,7 @@ def write_artifact(
     notes: list[str] = []
     optimized: str | None = ORT_MODEL_NAME
     level = OPTIMIZATION_LEVELS[optimization]
-    from dsa_export.runtime.onnxrt import external_data_bytes
+    from dsa_export.runtime.onnxrt import external_data_bytes, onnxruntime_model_bytes
 
     weights = external_data_bytes(onnx_path)
     try:
@@ -98,7 +100,11 @@ def write_artifact(
             options.log_severity_level = quiet.ort_severity()
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
             options.optimized_model_filepath = str(tmp)
-            ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
+            # The trimmed sparse-attention body, which ONNX Runtime runs faster than the file's
+            # static one (no external data here, so the bytes carry the whole model).
+            swapped = onnxruntime_model_bytes(onnx_path)
+            ort.InferenceSession(swapped if swapped is not None else str(onnx_path), sess_options=options,
+                                 providers=["CPUExecutionProvider"])
             if not tmp.is_file() or tmp.stat().st_size == 0:
                 raise RuntimeError("no optimized model was written")
     except _NotSaved as exc:

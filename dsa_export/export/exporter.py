@@ -256,9 +256,9 @@ def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ``native`` form: every ``dsa`` node replaced by its function body.
 
     The sparse attention is inlined in its ``static`` construction (all K slots per chunk), the one
-    TensorRT(-RTX)'s parser builds: a native file is for runtimes that take no custom domain, and
-    the parser cannot swap an inlined body back (a ``plugin`` file keeps the faster ``trimmed``
-    body for ONNX Runtime, and TensorRT parses get the static one in memory).
+    TensorRT(-RTX)'s parser builds and the one a ``plugin`` file carries too (our ONNX Runtime
+    sessions swap the faster ``trimmed`` body into a plugin file's function; an inlined body
+    cannot be swapped, so a native file runs the static one everywhere).
     """
     import onnx.inliner
 

@@ -15,7 +15,10 @@ inside a loop (measured, see docs/ops.md). So every shape here is a function of 
 :data:`CHUNK_ELEMENTS` float32 values, the trip count is ``ceil(S / rows)``, and the last chunk
 re-reads the last query row for its padding rows (row index clamped to ``S - 1``) instead of having
 a shorter shape; those rows are sliced off after the loop. Each chunk's result is a ``Loop`` scan
-output (concatenated by the runtime), and no value is carried from one chunk to the next.
+output (concatenated by the runtime), and no value is carried from one chunk to the next. The
+Loops have a trip count and no termination condition, the form every parser takes
+(:meth:`dsa_export.ops.onnx_graph.Body.true`). The one exception to input-shape-only shapes, the
+``trimmed`` attention body, is not written into files (see :data:`ATTENTION_BODIES`).
 
 Numerics are those of the contract: float32 scores and attention, the indexer's ties at the k-th
 place to the lower key index (ONNX ``TopK``), masked keys at ``-inf`` in the indexer and rows
@@ -56,11 +59,12 @@ def _chunk_rows(t: Body, iteration: str, rows: str, offsets: str, last_row: str)
 
 
 def _loop(b: Body, t: Body, iteration: str, cond: str, chunk_out: str, elem_type: int, rank: int, trips: str) -> str:
-    """Close the chunk body ``t`` (one scan output) and append the Loop; returns [trips, ...]."""
-    cond_out = t("Identity", cond)
+    """Close the chunk body ``t`` (one scan output) and append the Loop; returns [trips, ...].
+
+    The Loop runs ``trips`` times with no termination condition (see :meth:`Body.true`)."""
     body = t.graph([value(iteration, I64, 0), value(cond, BOOL, 0)],
-                   [value(cond_out, BOOL, 0), value(chunk_out, elem_type, rank)])
-    return b("Loop", trips, b("Constant", value=helper.make_tensor("v", BOOL, [], [True])), body=body)
+                   [value(t.true(), BOOL, 0), value(chunk_out, elem_type, rank)])
+    return b("Loop", trips, "", body=body)
 
 
 def _unchunk(b: Body, stacked: str, rank: int, s_len: str) -> str:
@@ -117,14 +121,20 @@ def indexer_function(opset: int) -> FunctionProto:
     return _function(INDEXER_TOPK, b, opset)
 
 
-#: Constructions of the DSASparseAttention body: ``trimmed`` (the default, for ONNX Runtime) cuts
-#: each chunk's selection after its last valid slot, a shape that depends on the indices, which
-#: TensorRT(-RTX)'s parser rejects inside a Loop; ``static`` keeps all K slots (what TensorRT builds).
-ATTENTION_BODIES = ("trimmed", "static")
+#: Constructions of the DSASparseAttention body. ``static`` (the default, the one exported files
+#: carry) keeps all K slots of every chunk: every shape is a function of the input shapes, so
+#: TensorRT(-RTX) builds it. ``trimmed`` cuts each chunk's selection after its last valid slot, a
+#: shape that depends on the indices inside a Loop: TensorRT-RTX 1.7 parses it and then fails to
+#: build ("Assertion newNodeOrder.size() == g.nodes.size() failed", graphScope.cpp), while ONNX
+#: Runtime runs it faster on prompts shorter than K; our ONNX Runtime sessions swap it in where
+#: they run a file (:func:`dsa_export.ops.onnx_ops.use_onnxruntime_bodies`). Both give the same
+#: values (a cut slot is masked in every row of its chunk).
+ATTENTION_BODIES = ("static", "trimmed")
 
 
-def sparse_attention_function(opset: int, body: str = "trimmed") -> FunctionProto:
-    """Body of DSASparseAttention: per chunk of queries, gather the selected rows once per kv head."""
+def sparse_attention_function(opset: int, body: str = "static") -> FunctionProto:
+    """Body of DSASparseAttention: per chunk of queries, gather the selected rows once per kv head
+    (``body``: see :data:`ATTENTION_BODIES`)."""
     if body not in ATTENTION_BODIES:
         raise ValueError(f"unknown DSASparseAttention body {body!r}; choose from {ATTENTION_BODIES}")
     b = Body("sa")
@@ -213,7 +223,8 @@ def _function(spec: OpSpec, body: Body, opset: int) -> FunctionProto:
 
 def use_attention_body(model, body: str) -> bool:
     """Replace ``model``'s DSASparseAttention function with the ``body`` construction, in place
-    (TensorRT(-RTX) parses ``static``); returns whether the model had the function."""
+    (TensorRT(-RTX) builds ``static``, ONNX Runtime runs ``trimmed`` faster); returns whether the
+    model had the function."""
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     for i, fn in enumerate(model.functions):
         if fn.domain == DOMAIN and fn.name == SPARSE_ATTENTION.name:

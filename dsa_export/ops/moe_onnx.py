@@ -140,10 +140,6 @@ def _loop_outputs(cond: str, acc: str) -> list:
     return [value(cond, BOOL, 0), value(acc, F32, 2)]
 
 
-def _true(b: Body) -> str:
-    return b("Constant", value=helper.make_tensor("v", BOOL, [], [True]))
-
-
 def _tile_loop(b: Body, s: _Schedule, expert: str, gate_up: str, down: str, acc: str) -> str:
     """Append the Loop over the tiles of ``expert`` (float32 weights given); returns the new acc."""
     count = b("Gather", s.counts, expert, axis=0)
@@ -162,9 +158,8 @@ def _tile_loop(b: Body, s: _Schedule, expert: str, gate_up: str, down: str, acc:
     out = t("Mul", t("Gemm", hidden, down, transB=1), t("Unsqueeze", weight, t.const([1])))
     summed = t("Add", t("Gather", acc_in, token, axis=0), out)
     acc_out = t("ScatterND", acc_in, t("Unsqueeze", token, t.const([1])), summed)
-    cond_out = t("Identity", cond)
-    body = t.graph(_loop_inputs(it, cond, acc_in), _loop_outputs(cond_out, acc_out))
-    return b("Loop", tiles, _true(b), acc, body=body)
+    body = t.graph(_loop_inputs(it, cond, acc_in), _loop_outputs(t.true(), acc_out))
+    return b("Loop", tiles, "", acc, body=body)  # a trip count only (see Body.true)
 
 
 def _expert_loop(b: Body, s: _Schedule, gate_up: str, down: str) -> str:
@@ -175,9 +170,8 @@ def _expert_loop(b: Body, s: _Schedule, gate_up: str, down: str) -> str:
     w_gate_up = x("Cast", x("Gather", gate_up, expert, axis=0), to=F32)
     w_down = x("Cast", x("Gather", down, expert, axis=0), to=F32)
     acc_out = _tile_loop(x, s, expert, w_gate_up, w_down, acc_in)
-    cond_out = x("Identity", cond)
-    body = x.graph(_loop_inputs(j, cond, acc_in), _loop_outputs(cond_out, acc_out))
-    return b("Loop", s.active, _true(b), s.acc0, body=body)
+    body = x.graph(_loop_inputs(j, cond, acc_in), _loop_outputs(x.true(), acc_out))
+    return b("Loop", s.active, "", s.acc0, body=body)  # a trip count only (see Body.true)
 
 
 def _block_rows(b: Body, length: str, block: str) -> str:

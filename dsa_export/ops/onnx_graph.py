@@ -44,6 +44,18 @@ class Body:
         proto = AttributeProto(name=field, ref_attr_name=attr, type=kind)
         return self("Constant", **{field: proto})
 
+    def true(self) -> str:
+        """A scalar bool Constant True: the ``cond`` output of a Loop body.
+
+        Our Loops have a trip count and no termination condition (an empty ``cond`` input):
+        TensorRT's parser warns about a Loop with both, and when the Loop has no ``cond`` it does
+        not bind the body's ``cond`` input, so a body that passes that input through (``Identity``)
+        fails to parse ("Node input was not registered"). ONNX Runtime and ``onnx.checker`` take
+        both forms, with the same results; onnx 1.23's ``onnx.reference`` runs no iteration of a
+        Loop without ``cond``, which :class:`dsa_export.ops.reference.Loop` corrects.
+        """
+        return self("Constant", value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+
     def rename_last(self, name: str) -> None:
         self.nodes[-1].output[0] = name
 

@@ -3,7 +3,9 @@
 * :func:`register_schemas` registers an :class:`onnx.defs.OpSchema` per op so ``onnx.checker``
   (full check) and the onnxscript-based exporter accept ``dsa`` nodes.
 * :func:`function_protos` builds one local function per op with only standard ONNX ops. ONNX
-  Runtime and the TensorRT(-RTX) parser execute a node through it when no plugin is registered.
+  Runtime and the TensorRT(-RTX) parser execute a node through it when no plugin is registered;
+  the bodies written into files are ones TensorRT(-RTX) builds as they are, and
+  :func:`use_onnxruntime_bodies` gives our ONNX Runtime sessions the faster trimmed attention.
   The DSA bodies (:mod:`dsa_export.ops.attention_onnx`) loop over chunks of queries, so their
   memory is one chunk's (never ``[B,S,T]``); so does the block-sparse body
   (:mod:`dsa_export.ops.block_onnx`) over chunks of query blocks; the routed-experts bodies
@@ -147,11 +149,24 @@ def translation_table() -> dict:
 
 def use_tensorrt_bodies(model) -> bool:
     """Swap, in place, the function bodies TensorRT(-RTX)'s parser cannot build for the ones it
-    can: the static sparse-attention chunks and the stacked FP8 experts. Returns whether any
-    was swapped (both parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`,
-    call this before parsing)."""
+    can: the static sparse-attention chunks (what exported files carry already; files of older
+    exports may hold the trimmed ones) and the stacked FP8 experts. Returns whether any was
+    swapped (both parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call
+    this before parsing)."""
     from dsa_export.ops.attention_onnx import use_attention_body
     from dsa_export.ops.moe_onnx import use_fp8_body
 
     swapped = use_attention_body(model, "static")
     return use_fp8_body(model, "stack") or swapped
+
+
+def use_onnxruntime_bodies(model) -> bool:
+    """Swap, in place, the sparse-attention body of a plugin-mode file for the ``trimmed`` one,
+    which ONNX Runtime runs faster (it skips the slots after a chunk's last valid index, most of
+    them on prompts shorter than K) with the same values; TensorRT cannot build it, so files carry
+    the ``static`` one. Every ONNX Runtime session dsa-export opens on a file applies this
+    (:func:`dsa_export.runtime.onnxrt.session`, the artifact's optimized model, calibration).
+    Returns whether the model has the function (a ``native`` file has none: nothing to swap)."""
+    from dsa_export.ops.attention_onnx import use_attention_body
+
+    return use_attention_body(model, "trimmed")

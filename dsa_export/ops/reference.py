@@ -3,13 +3,15 @@
 They follow the op contract literally (dense float64 scores, a mask, a stable sort) so they can
 check every other implementation: the torch ops, the ONNX function bodies and the CUDA kernels.
 Each op is also an :class:`onnx.reference.op_run.OpRun` subclass, so ``onnx.reference``'s
-``ReferenceEvaluator`` runs a plugin-mode graph with ``new_ops=REFERENCE_OPS``.
+``ReferenceEvaluator`` runs a plugin-mode graph with ``new_ops=REFERENCE_OPS``, and the function
+bodies (inlined) with ``new_ops=BODY_OPS`` (a Loop without ``cond``, see :class:`Loop`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
 from dsa_export.ops.contract import DOMAIN, MOE_ACTIVATIONS
 
@@ -195,6 +197,27 @@ class DSAMoEExpertsFP8(OpRun):
                                           block_size=int(block_size), activation=activation),)
 
 
-#: OpRun classes keyed by op name, for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``.
-REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
-REFERENCE_BY_NAME = {cls.__name__: cls for cls in REFERENCE_OPS}
+class Loop(_OnnxLoop):
+    """``onnx.reference``'s Loop, reading an omitted ``cond`` input as True.
+
+    The function bodies' Loops have a trip count and no ``cond`` (the ONNX spec's "for loop" form,
+    the one TensorRT's parser asks for; see :meth:`dsa_export.ops.onnx_graph.Body.true`). onnx
+    1.23's reference Loop runs ``while cond and ...`` and so runs no iteration when ``cond`` is
+    omitted; ONNX Runtime and TensorRT run the trip count.
+    """
+
+    op_domain = ""
+
+    def _run(self, M, cond, *args, **kwargs):
+        return super()._run(M, np.array(True) if cond is None else cond, *args, **kwargs)
+
+
+#: What ``ReferenceEvaluator(model, new_ops=BODY_OPS)`` needs to run the dsa function bodies
+#: (inlined: ``onnx.reference`` gives ``new_ops`` to subgraphs but not to local functions).
+BODY_OPS = [Loop]
+_DSA_REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
+#: OpRun classes for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``: the dsa nodes run as
+#: these references, and a graph's own Loops (a native file's inlined bodies) run too.
+REFERENCE_OPS = [*_DSA_REFERENCE_OPS, *BODY_OPS]
+#: The dsa references keyed by op name.
+REFERENCE_BY_NAME = {cls.__name__: cls for cls in _DSA_REFERENCE_OPS}

@@ -167,6 +167,10 @@ def _calibrator(model_path: Path, augmented: Path, tensors: list[str], method: s
         calibrator = PercentileCalibrater(model_path, num_bins=num_bins, percentile=percentile, **common)
     else:
         raise DSAUserError(f"calibration method '{method}' is unknown; use one of {', '.join(METHODS)}.")
+    # The sparse-attention body our ONNX Runtime sessions run (the same values, faster).
+    from dsa_export.ops.onnx_ops import use_onnxruntime_bodies
+
+    use_onnxruntime_bodies(calibrator.model)
     wanted = set(tensors)
     select = calibrator.select_tensors_to_calibrate
 

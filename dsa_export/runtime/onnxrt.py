@@ -67,6 +67,25 @@ def weights_in_place(options, path: str | Path, model_bytes: bytes | None = None
     return True
 
 
+def onnxruntime_model_bytes(path: str | Path, model_bytes: bytes | None = None) -> bytes | None:
+    """The graph at ``path`` (or ``model_bytes``) with the dsa bodies ONNX Runtime runs best
+    (:func:`dsa_export.ops.onnx_ops.use_onnxruntime_bodies`), serialized without reading the
+    external data; None when there is nothing to swap (a native file), so ``path`` (or
+    ``model_bytes``) runs as it is. ONNX Runtime cannot tell which file these bytes came from:
+    pass them with ``session.model_external_initializers_file_folder_path`` set, as
+    :func:`session` does."""
+    import onnx
+
+    from dsa_export.ops.onnx_ops import use_onnxruntime_bodies
+
+    try:
+        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
+                 else onnx.load(str(path), load_external_data=False))
+    except Exception:  # ONNX Runtime reports an unreadable file itself
+        return None
+    return model.SerializeToString() if use_onnxruntime_bodies(model) else None
+
+
 def session(
     path: str | Path,
     providers: tuple[str, ...] = ("CPUExecutionProvider",),
@@ -80,11 +99,13 @@ def session(
     memory a run needs can be measured from outside (the benchmark does this). ``model_bytes``
     runs a modified copy of the graph at ``path`` (e.g. with extra outputs) whose external data
     is still read from beside ``path``: nothing is written next to the user's file. Models with
-    large weights keep them in place (:func:`weights_in_place`).
+    large weights keep them in place (:func:`weights_in_place`). The session runs the trimmed
+    sparse-attention body (:func:`onnxruntime_model_bytes`), in memory.
     """
     import onnxruntime as ort
 
     quiet.quiet_onnxruntime(ort)
+    model_bytes = onnxruntime_model_bytes(path, model_bytes) or model_bytes
     options = ort.SessionOptions()
     options.log_severity_level = quiet.ort_severity()
     if threads:
@@ -300,11 +321,20 @@ class ArtifactSession:
         options.log_severity_level = quiet.ort_severity()
         if threads:
             options.intra_op_num_threads = threads
-        weights_in_place(options, model)
         providers = [name for name, _ in picked["providers"] if name in available]
         provider_options = [opts for name, opts in picked["providers"] if name in available]
+        target: str | bytes = str(model)
+        # The CPU and CUDA chains load the optimized model (bodies inlined, trimmed attention
+        # already) or, where none was saved, the plain file: that one gets the trimmed body in
+        # memory. The TensorRT chain keeps the file's bodies, which TensorRT builds.
+        swapped = None if providers[0] == "TensorrtExecutionProvider" else onnxruntime_model_bytes(model)
+        weights_in_place(options, model, swapped)
+        if swapped is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                             str(model.resolve().parent))
+            target = swapped
         try:
-            ort_session = ort.InferenceSession(str(model), sess_options=options, providers=providers,
+            ort_session = ort.InferenceSession(target, sess_options=options, providers=providers,
                                                provider_options=provider_options)
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -102,9 +102,10 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) and the sparse
-    # attention body with trimmed chunks are not ones TensorRT(-RTX) can build; give the parser the
-    # constructions it builds, in memory (the external data is read from beside the file).
+    # The FP8 experts body ONNX Runtime runs (one expert dequantized at a time) is not one
+    # TensorRT(-RTX) can build, nor is the trimmed sparse-attention body that files of earlier
+    # exports carry (files carry the static one now); give the parser the constructions it
+    # builds, in memory (the external data is read from beside the file).
     from dsa_export.ops.moe_onnx import has_fp8_experts
     from dsa_export.ops.onnx_ops import use_tensorrt_bodies
 

@@ -260,7 +260,8 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     # Where no plugin takes a node, the parser builds its function body: give it the constructions
-    # TensorRT builds (static sparse-attention chunks, the stacked FP8 experts), in memory. With
+    # TensorRT builds (static sparse-attention chunks, which files of earlier exports lack, and the
+    # stacked FP8 experts), in memory. With
     # the plugin library loaded there are no dsa bodies to fall back to. The original path tells
     # the parser where the external data lies.
     from dsa_export.ops.onnx_ops import use_tensorrt_bodies

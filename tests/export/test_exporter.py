@@ -79,6 +79,31 @@ def test_onnxruntime_matches_torch_at_unseen_shapes(exported, tiny_source, mode,
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_files_carry_the_bodies_tensorrt_builds_and_our_sessions_run_the_trimmed_one(exported, tiny_source):
+    """A plugin file's sparse attention is the static body, and every Loop has a trip count and no
+    condition (TensorRT-RTX builds the file as it is: tests/trt/test_plain_rtx_build.py); our ONNX
+    Runtime sessions run the trimmed body, in memory, with the values of the static one."""
+    import onnxruntime as ort
+
+    from dsa_export.ops.attention_onnx import sparse_attention_function
+    from dsa_export.runtime.onnxrt import onnxruntime_model_bytes
+
+    model = _load(exported["plugin"])
+    bodies = {f.name: f for f in model.functions}
+    assert bodies["DSASparseAttention"] == sparse_attention_function(18, "static")
+    loops = [n for f in model.functions for n in f.node if n.op_type == "Loop"]
+    assert len(loops) == 2 and all(n.input[1] == "" for n in loops)
+    swapped = onnx.load_from_string(onnxruntime_model_bytes(exported["plugin"]))
+    assert {f.name: f for f in swapped.functions}["DSASparseAttention"] == sparse_attention_function(18, "trimmed")
+    assert swapped.graph == model.graph
+    assert onnxruntime_model_bytes(exported["native"]) is None  # inlined: nothing to swap
+    ids = tiny_source.inputs_for(2, 20, seed=5)["input_ids"].numpy()  # 20 < index_topk: trimmed chunks
+    (ours,) = session(exported["plugin"]).run(None, {"input_ids": ids})
+    (plain,) = ort.InferenceSession(str(exported["plugin"]), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids})
+    np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-5)
+
+
 def test_export_is_byte_identical(tmp_path, exported, tiny_source):
     again = save_model(export_model(tiny_source, ExportSettings(ops="plugin")), tmp_path / "again.onnx")
     assert again.read_bytes() == exported["plugin"].read_bytes()

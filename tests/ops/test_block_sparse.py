@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from dsa_export.ops import block_onnx, block_torch, dsa_block_sparse_attention
 from dsa_export.ops.contract import BLOCK_SPARSE_ATTENTION, PLUGIN_ATTRIBUTES
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
-from dsa_export.ops.reference import REFERENCE_OPS, block_sparse_attention_reference
+from dsa_export.ops.reference import BODY_OPS, REFERENCE_OPS, block_sparse_attention_reference
 from tests.build_fixtures import rtx_build
 
 FLOAT = TensorProto.FLOAT
@@ -261,7 +261,7 @@ def test_onnx_reference_runs_the_node_and_the_inlined_body():
     np.testing.assert_allclose(node, want, rtol=1e-6, atol=1e-6)
     inlined = onnx.inliner.inline_local_functions(model)
     assert not any(n.domain == "dsa" for n in inlined.graph.node)
-    (body,) = ReferenceEvaluator(inlined).run(None, _feed(q, k, v, index))
+    (body,) = ReferenceEvaluator(inlined, new_ops=BODY_OPS).run(None, _feed(q, k, v, index))
     np.testing.assert_allclose(body, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(_ort(inlined, _feed(q, k, v, index)), _ort(model, _feed(q, k, v, index)))
 

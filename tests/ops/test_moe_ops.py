@@ -19,7 +19,7 @@ from dsa_export.ops import dsa_moe_experts, dsa_moe_experts_fp8
 from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBUTES
 from dsa_export.ops.moe_onnx import moe_experts_fp8_function, use_fp8_body
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
-from dsa_export.ops.reference import REFERENCE_OPS, moe_experts_fp8_reference, moe_experts_reference
+from dsa_export.ops.reference import BODY_OPS, REFERENCE_OPS, moe_experts_fp8_reference, moe_experts_reference
 from tests.build_fixtures import rtx_build
 
 FLOAT, FP8 = TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN
@@ -278,7 +278,7 @@ def test_reference_evaluator_runs_node_and_body():
     feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
     model = moe_model(5, 4, 8, 2)
     (as_op,) = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feed)
-    (as_body,) = ReferenceEvaluator(model).run(None, feed)
+    (as_body,) = ReferenceEvaluator(onnx.inliner.inline_local_functions(model), new_ops=BODY_OPS).run(None, feed)
     np.testing.assert_allclose(as_op, moe_experts_reference(*feed.values()), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(as_body, as_op, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_ort(model, feed), as_op, rtol=1e-5, atol=1e-5)
@@ -302,7 +302,7 @@ def test_fp8_bodies_match_reference(body, inter, h, block):
     np.testing.assert_allclose(_ort(model, feed), want, rtol=1e-5, atol=1e-5)
     native = onnx.inliner.inline_local_functions(model)
     np.testing.assert_allclose(_ort(native, feed), want, rtol=1e-5, atol=1e-5)
-    (got,) = ReferenceEvaluator(native).run(None, feed)
+    (got,) = ReferenceEvaluator(native, new_ops=BODY_OPS).run(None, feed)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     (got,) = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feed)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

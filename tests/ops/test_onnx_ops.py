@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from dsa_export.ops.attention_onnx import use_attention_body
 from dsa_export.ops.contract import INDEXER_TOPK, PLUGIN_ATTRIBUTES, SPARSE_ATTENTION
-from dsa_export.ops.onnx_ops import function_protos, register_schemas
+from dsa_export.ops.onnx_ops import function_protos, register_schemas, use_onnxruntime_bodies
 from dsa_export.ops.reference import REFERENCE_OPS, indexer_topk_reference, sparse_attention_reference
 from tests.build_fixtures import rtx_build
 
@@ -38,15 +38,18 @@ def indexer_model(h, d, topk, causal=1, dtype=FLOAT):
                   [helper.make_tensor_value_info("indices", TensorProto.INT32, ["B", "S", topk])])
 
 
-def attention_model(h, hkv, dk, dv, k_sel, scale, dtype=FLOAT, v_rows="T"):
-    """One DSASparseAttention node; ``v_rows="Tv"`` gives v its own row dim (0 rows: values from keys)."""
+def attention_model(h, hkv, dk, dv, k_sel, scale, dtype=FLOAT, v_rows="T", body="static"):
+    """One DSASparseAttention node; ``v_rows="Tv"`` gives v its own row dim (0 rows: values from keys);
+    ``body``: the function body's construction (``static``, the one files carry, or ``trimmed``)."""
     node = helper.make_node("DSASparseAttention", ["q", "k", "v", "indices"], ["out"], domain="dsa",
                             scale=scale, **PLUGIN_ATTRIBUTES)
-    return _model([node], [helper.make_tensor_value_info("q", dtype, ["B", "S", h, dk]),
-                           helper.make_tensor_value_info("k", dtype, ["B", "T", hkv, dk]),
-                           helper.make_tensor_value_info("v", dtype, ["B", v_rows, hkv, dv]),
-                           helper.make_tensor_value_info("indices", TensorProto.INT32, ["B", "S", k_sel])],
-                  [helper.make_tensor_value_info("out", dtype, ["B", "S", h, dv])])
+    model = _model([node], [helper.make_tensor_value_info("q", dtype, ["B", "S", h, dk]),
+                            helper.make_tensor_value_info("k", dtype, ["B", "T", hkv, dk]),
+                            helper.make_tensor_value_info("v", dtype, ["B", v_rows, hkv, dv]),
+                            helper.make_tensor_value_info("indices", TensorProto.INT32, ["B", "S", k_sel])],
+                   [helper.make_tensor_value_info("out", dtype, ["B", "S", h, dv])])
+    assert use_attention_body(model, body)
+    return model
 
 
 def _run(model, feed):
@@ -59,8 +62,9 @@ def _sets(x):
 
 
 def test_schemas_and_full_checker():
-    model = indexer_model(16, 8, 4)
-    onnx.checker.check_model(model, full_check=True)
+    for model in (indexer_model(16, 8, 4), attention_model(4, 1, 8, 6, 3, 0.3),
+                  attention_model(4, 1, 8, 6, 3, 0.3, body="trimmed")):
+        onnx.checker.check_model(model, full_check=True)  # Loops without a cond input included
     for spec in (INDEXER_TOPK, SPARSE_ATTENTION):
         schema = onnx.defs.get_schema(spec.name, 1, "dsa")
         assert {a for a in schema.attributes} >= {"plugin_namespace", "plugin_version"}
@@ -71,6 +75,40 @@ def test_function_bodies_use_standard_ops_only():
         assert {n.domain for n in fn.node} <= {""}
         # The body never gathers [B,S,K,D]: there is no Gather/GatherND on the key/value tensors.
         assert not any(n.op_type in ("GatherND",) for n in fn.node)
+
+
+def _loops(nodes):
+    for node in nodes:
+        if node.op_type == "Loop":
+            yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _loops(attr.g.node)
+
+
+def test_every_loop_has_a_trip_count_and_no_condition():
+    # TensorRT's parser warns about Loops with both, and, with no cond input, does not bind the
+    # body's cond input: the body's cond output must not read it.
+    from dsa_export.ops.attention_onnx import sparse_attention_function
+    from dsa_export.ops.moe_onnx import moe_experts_fp8_function
+
+    functions = [*function_protos(21), sparse_attention_function(21, "trimmed"), moe_experts_fp8_function(21, "stack")]
+    seen = 0
+    for fn in functions:
+        for loop in _loops(fn.node):
+            seen += 1
+            assert loop.input[0] and loop.input[1] == "", (fn.name, list(loop.input))
+            body = next(a.g for a in loop.attribute if a.name == "body")
+            assert not any(body.input[1].name in n.input for n in _walk(body.node)), fn.name
+    assert seen >= 7
+
+
+def _walk(nodes):
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g.node)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,8 +130,9 @@ def test_indexer_body_matches_reference(b, s, extra, topk, causal, seed, short):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 2), s=st.integers(1, 6), t=st.integers(1, 16), group=st.sampled_from([1, 2, 4]),
-       hkv=st.sampled_from([1, 2]), k_sel=st.integers(1, 10), seed=st.integers(0, 2**16))
-def test_attention_body_matches_reference(b, s, t, group, hkv, k_sel, seed):
+       hkv=st.sampled_from([1, 2]), k_sel=st.integers(1, 10), seed=st.integers(0, 2**16),
+       body=st.sampled_from(["static", "trimmed"]))
+def test_attention_body_matches_reference(b, s, t, group, hkv, k_sel, seed, body):
     dk, dv = 8, 6
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((b, s, hkv * group, dk), dtype=np.float32)
@@ -101,7 +140,8 @@ def test_attention_body_matches_reference(b, s, t, group, hkv, k_sel, seed):
     v = rng.standard_normal((b, t, hkv, dv), dtype=np.float32)
     idx = np.stack([rng.permutation(t + 3)[:k_sel] if k_sel <= t + 3 else np.arange(k_sel) for _ in range(b * s)])
     idx = np.where(rng.random(idx.shape) < 0.2, -1, idx).reshape(b, s, k_sel).astype(np.int32)
-    got = _run(attention_model(hkv * group, hkv, dk, dv, k_sel, 0.35), {"q": q, "k": k, "v": v, "indices": idx})
+    got = _run(attention_model(hkv * group, hkv, dk, dv, k_sel, 0.35, body=body),
+               {"q": q, "k": k, "v": v, "indices": idx})
     want = sparse_attention_reference(q, k, v, idx, scale=0.35)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -139,8 +179,9 @@ def _indices(rng, b, s, t, k_sel, invalid=0.2):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 2), s=st.integers(1, 6), t=st.integers(1, 16), group=st.sampled_from([1, 2, 4]),
-       hkv=st.sampled_from([1, 2]), k_sel=st.integers(1, 10), dv=st.integers(1, 8), seed=st.integers(0, 2**16))
-def test_attention_body_takes_values_from_keys(b, s, t, group, hkv, k_sel, dv, seed):
+       hkv=st.sampled_from([1, 2]), k_sel=st.integers(1, 10), dv=st.integers(1, 8), seed=st.integers(0, 2**16),
+       body=st.sampled_from(["static", "trimmed"]))
+def test_attention_body_takes_values_from_keys(b, s, t, group, hkv, k_sel, dv, seed, body):
     # An empty v ([B,0,Hkv,Dv]) means the values are the first Dv channels of the keys (MLA).
     dk = 8
     rng = np.random.default_rng(seed)
@@ -148,7 +189,7 @@ def test_attention_body_takes_values_from_keys(b, s, t, group, hkv, k_sel, dv, s
     k = rng.standard_normal((b, t, hkv, dk), dtype=np.float32)
     idx = _indices(rng, b, s, t, k_sel)
     empty = np.zeros((b, 0, hkv, dv), np.float32)
-    got = _run(attention_model(hkv * group, hkv, dk, dv, k_sel, 0.35, v_rows="Tv"),
+    got = _run(attention_model(hkv * group, hkv, dk, dv, k_sel, 0.35, v_rows="Tv", body=body),
                {"q": q, "k": k, "v": empty, "indices": idx})
     np.testing.assert_allclose(got, sparse_attention_reference(q, k, empty, idx, scale=0.35), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, sparse_attention_reference(q, k, k[..., :dv].copy(), idx, scale=0.35),
@@ -174,8 +215,9 @@ def test_bodies_in_several_chunks_match_the_references(monkeypatch, chunk_elemen
     ka = rng.standard_normal((b, t, 2, 12), dtype=np.float32)
     va = rng.standard_normal((b, t, 2, 6), dtype=np.float32)
     idx = _indices(rng, b, s, t, 7)
-    got = _run(attention_model(4, 2, 12, 6, 7, 0.3), {"q": qa, "k": ka, "v": va, "indices": idx})
-    np.testing.assert_allclose(got, sparse_attention_reference(qa, ka, va, idx, scale=0.3), rtol=1e-5, atol=1e-5)
+    for body in ("static", "trimmed"):
+        got = _run(attention_model(4, 2, 12, 6, 7, 0.3, body=body), {"q": qa, "k": ka, "v": va, "indices": idx})
+        np.testing.assert_allclose(got, sparse_attention_reference(qa, ka, va, idx, scale=0.3), rtol=1e-5, atol=1e-5)
 
 
 def test_native_inlined_bodies_match():
@@ -220,13 +262,14 @@ def test_bodies_hold_one_chunk_not_the_sequence():
     assert peak < bound, peak / 2**20
     assert (idx[0, -1] >= 0).all() and (idx[0, 0, 1:] == -1).all()
     qa, ka = rng.standard_normal((1, s, h, d), dtype=np.float32), rng.standard_normal((1, s, 1, d), dtype=np.float32)
-    sess = session(attention_model(h, 1, d, d, topk, 0.25, v_rows="Tv"))
     feed = {"q": qa, "k": ka, "v": np.zeros((1, 0, 1, d), np.float32), "indices": idx}
-    (out,), peak = measure_peak_rss(lambda: sess.run(None, feed))
-    assert peak < bound, peak / 2**20
     rows = [0, 17, s - 1]
     want = sparse_attention_reference(qa[:, rows], ka, np.zeros((1, 0, 1, d)), idx[:, rows], scale=0.25)
-    np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-5)
+    for body in ("static", "trimmed"):  # the file's body and the one our ONNX Runtime sessions run
+        sess = session(attention_model(h, 1, d, d, topk, 0.25, v_rows="Tv", body=body))
+        (out,), peak = measure_peak_rss(lambda: sess.run(None, feed))
+        assert peak < bound, (body, peak / 2**20)
+        np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-5)
 
 
 # TensorRT-RTX (CPU-only here): parse and AOT-build the chunked bodies.
@@ -246,16 +289,15 @@ def test_tensorrt_rtx_builds_the_chunked_bodies():
                                                           w=[batch, seq, 16], lengths=[batch]))
     assert ok, log
     for v_rows, v_seq in (("T", seq), ("Tv", 0)):  # the 4-input form and values from keys
+        ranges = _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
+                         indices=[batch, seq, 6])
         model = attention_model(16, 1, 24, 16, 6, 0.3, v_rows=v_rows)
-        # The default body's trimmed chunks have an index-dependent shape, which the parser
-        # refuses inside a Loop; TensorRT(-RTX) parses get the static body (trt.rtx.parse_onnx).
-        assert not _rtx_build(model, _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
-                                             indices=[batch, seq, 6]))[0]
-        assert use_attention_body(model, "static")
-        ok, log = _rtx_build(model,
-                             _ranges(q=[batch, seq, 16, 24], k=[batch, seq, 1, 24], v=[batch, v_seq, 1, 16],
-                                     indices=[batch, seq, 6]))
+        ok, log = _rtx_build(model, ranges)  # the static body, the one files carry
         assert ok, (v_rows, log)
+        # The trimmed body (ONNX Runtime sessions swap it in) has an index-dependent shape inside
+        # its Loop: the parser takes it and the builder fails.
+        assert use_onnxruntime_bodies(model)
+        assert not _rtx_build(model, ranges)[0]
 
 
 @pytest.mark.parametrize("body", ["trimmed", "static"])
