@@ -182,6 +182,26 @@ def test_tensorrt_rtx_builds_the_prefill_graph(prefill_exports, kind):
     _rtx_builds(prefill_exports[kind][0], {"batch": (1, 1, 2), "sequence": (1, 64, 256)})
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plugin", "native"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensorrt_rtx_builds_the_exported_files_as_they_are(prefill_exports, kind, mode, tmp_path):
+    """The plain TensorRT-RTX build of tests/trt/test_plain_rtx_build.py (no dsa_export code) of
+    both export modes. The native file is the plugin export inlined by ``inline_custom_ops``: the
+    step `dsa-export export --ops native` adds after the same trace (the graphs were compared equal),
+    which saves two exports here."""
+    import onnx
+
+    from dsa_export.export import inline_custom_ops
+    from tests.build_fixtures import check_plain_build
+
+    path = prefill_exports[kind][0]
+    if mode == "native":
+        path = tmp_path / f"{kind}-native.onnx"
+        onnx.save_model(inline_custom_ops(onnx.load(str(prefill_exports[kind][0]))), path)
+    check_plain_build(path)
+
+
 def test_layer_slices_chain_to_the_full_model(checkpoints, tmp_path):
     """GLM-5 (layers full, shared, full, shared) split 0:1 + 1:4: the first stage hands its top-k on."""
     hf, _ = load_model(checkpoints["glm_moe_dsa"])
