@@ -799,9 +799,55 @@ def read_pipeline(path: str | Path) -> Pipeline:
         raise DSAUserError(f"{candidate} has pipeline format {data['version']}, newer than this dsa-export reads "
                            f"({PIPELINE_VERSION}); upgrade dsa-export.")
     try:
-        return Pipeline.from_dict(data)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        pipeline = Pipeline.from_dict(data)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise DSAUserError(f"{candidate} has a malformed field ({exc}); export the stages again.") from exc
+    check_pipeline(pipeline, candidate)
+    return pipeline
+
+
+def check_pipeline(pipeline: Pipeline, path: Path) -> None:
+    """Refuse a ``pipeline.json`` whose stages are not a clean cut of the model or whose paths leave
+    its folder.
+
+    Every path in the file is data, resolved inside the folder by :func:`confined` (no absolute
+    path, no ``..`` out of it, no symbolic link out of it); a stage's ``onnx`` must be an ``.onnx``
+    file name, so that it can never reach the MODEL resolver as ``file.py:factory``. Stages must be
+    numbered 0..n-1 in order and their layer ranges contiguous, non-overlapping and within the model.
+    """
+    folder = path.parent
+    again = "export (or build) the stages again"
+    if not pipeline.stages:
+        raise DSAUserError(f"{path} lists no stages; {again}.")
+    previous_stop = None
+    for position, stage in enumerate(pipeline.stages):
+        where = f"{path} stage {position}"
+        if stage.index != position:
+            raise DSAUserError(f"{where} has index {stage.index}: stages must be listed in order 0..{len(pipeline.stages) - 1} "
+                               f"without gaps; {again}.")
+        start, stop = stage.layers
+        if not 0 <= start <= stop or (pipeline.num_layers and stop > pipeline.num_layers):
+            raise DSAUserError(f"{where} has layers {start}:{stop}, not a range inside the model's "
+                               f"{pipeline.num_layers} layers; {again}.")
+        if previous_stop is not None and start != previous_stop:
+            kind = "overlap" if start < previous_stop else "leave a gap"
+            raise DSAUserError(f"{where} starts at layer {start} but the stage before ends at {previous_stop}: the "
+                               f"stages {kind}; {again}.")
+        previous_stop = stop
+        name = stage.onnx.replace("\\", "/")
+        if ":" in name or not name.endswith(".onnx") or posixpath.isabs(name):
+            raise DSAUserError(f"{where} names its model '{stage.onnx}', which is not a relative .onnx file name; "
+                               f"{again}.")
+        if stage.build is not None:
+            # A stage build runs its build folder; the export files it was built from are a record
+            # (a separate export folder may sit beside the build) that no command opens.
+            confined(folder, stage.build, f"{where} field build")
+            continue
+        confined(folder, stage.onnx, f"{where} field onnx")
+        if stage.data is not None:
+            confined(folder, stage.data, f"{where} field data")
+        for name in list(stage.sha256) + list(stage.sizes):
+            confined(folder, name, f"{where} file record")
 
 
 def verify_engine(engine: str | os.PathLike[str], *, enabled: bool = True) -> list[str]:
