@@ -11,14 +11,22 @@ every tensor before any data is read.
 The fingerprint of a checkpoint (:meth:`SafetensorsCheckpoint.fingerprint`) hashes every shard's
 name, size and header (key, dtype, shape, offsets): it identifies the weights without reading
 690 GB.
+
+Every field of these files is untrusted input. The index is read by :func:`read_index`, which
+accepts only a JSON object whose ``weight_map`` maps tensor names to ``.safetensors`` files inside
+the checkpoint folder (no absolute paths, no ``..`` out of it, no links resolving outside it), and
+every shard header is checked by the safetensors library's rules (:func:`read_header`) before an
+offset or shape from it is used. The exporter checks each tensor's shape against the module built
+from config.json (:func:`dsa_export.hf.weights.weight_recipes`) before reading its data.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import posixpath
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,14 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from dsa_export.errors import DSAUserError
+from dsa_export.hf.safetensors_header import (  # noqa: F401  (DTYPE_BYTES re-exported)
+    DTYPE_BYTES,
+    MAX_HEADER,
+    METADATA_KEY,
+    parse_header,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
-#: Largest header a safetensors file may have (the format's own limit is 100 MB).
-_MAX_HEADER = 100 << 20
-
-#: safetensors dtype code -> bytes per element.
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
-               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+#: An index larger than this is not a shard index (DeepSeek-V3.2's, ~92k keys, is ~9 MB).
+MAX_INDEX_BYTES = 256 << 20
+_REDOWNLOAD_INDEX = "re-download the checkpoint's model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -52,26 +63,144 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The JSON header of one safetensors file and the offset where its data starts (no tensor
     data is read).
 
-    A shard shorter than its header promises (an interrupted download) is refused.
+    The header is checked as the safetensors library checks it (:mod:`dsa_export.hf.safetensors_header`):
+    known dtypes, non-negative shapes, every tensor's byte range the size its shape needs, the
+    ranges tiling the data section exactly. A shard shorter than its header promises (an
+    interrupted download), one with overlapping or unowned bytes, or one that is not a regular
+    file is refused.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError("not a regular file")
         with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
             head = handle.read(8)
             if len(head) != 8:
                 raise ValueError("shorter than its header length")
             (length,) = struct.unpack("<Q", head)
-            if length > _MAX_HEADER:
+            if length > MAX_HEADER:
                 raise ValueError(f"header length {length} is implausible")
-            header = json.loads(handle.read(length))
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-            data = os.fstat(handle.fileno()).st_size - 8 - length
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-        if max(ends, default=0) > data:
-            raise ValueError(f"its tensors need {max(ends)} data bytes but it holds {data}: an interrupted download")
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise DSAUserError(f"'{path}' is not a readable safetensors file ({exc}); re-download that shard.") from exc
+            raw = handle.read(length)
+        if len(raw) != length:
+            raise ValueError(f"its header of {length} bytes is longer than the file: an interrupted download")
+        header = parse_header(raw, size - 8 - length)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise DSAUserError(f"'{path}' is not a readable safetensors file ({reason}); re-download that shard.") from exc
     return header, 8 + length
+
+
+def read_index(folder: str | Path) -> dict[str, str] | None:
+    """The ``weight_map`` of ``folder``'s ``model.safetensors.index.json`` (tensor key -> shard
+    file name, normalized), or None when the folder has no index.
+
+    Every field is checked before it is used: the file is a JSON object whose ``weight_map`` is a
+    non-empty object of string -> string, and each shard name is a relative path to a
+    ``.safetensors`` file inside ``folder`` (:func:`shard_name`).
+    """
+    folder = Path(folder)
+    index = folder / INDEX_NAME
+    if not index.is_file():
+        return None
+    try:
+        size = index.stat().st_size
+        if size > MAX_INDEX_BYTES:
+            raise DSAUserError(f"'{index}' is {size} bytes, far more than a shard index; {_REDOWNLOAD_INDEX}.")
+        data = json.loads(index.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise DSAUserError(f"'{index}' cannot be read ({exc.strerror or exc}); {_REDOWNLOAD_INDEX}.") from exc
+    except UnicodeDecodeError as exc:
+        raise DSAUserError(f"'{index}' is not UTF-8 text; {_REDOWNLOAD_INDEX}.") from exc
+    except json.JSONDecodeError as exc:
+        raise DSAUserError(f"'{index}' is not valid JSON ({exc.msg} at line {exc.lineno}); {_REDOWNLOAD_INDEX}.") from exc
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise DSAUserError(f"'{index}' is not JSON that dsa-export reads ({_short(exc)}); {_REDOWNLOAD_INDEX}.") from exc
+    except RecursionError as exc:
+        raise DSAUserError(f"'{index}' nests too deeply to be a shard index; {_REDOWNLOAD_INDEX}.") from exc
+    if not isinstance(data, dict):
+        raise DSAUserError(f"'{index}' holds a JSON {_json_type(data)}, not an object with a weight_map; "
+                           f"{_REDOWNLOAD_INDEX}.")
+    if "weight_map" not in data:
+        raise DSAUserError(f"'{index}' has no field weight_map; {_REDOWNLOAD_INDEX}.")
+    weight_map = data["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise DSAUserError(f"field weight_map of '{index}' is a JSON {_json_type(weight_map)}, not an object of "
+                           f"tensor name -> shard file; {_REDOWNLOAD_INDEX}.")
+    if not weight_map:
+        raise DSAUserError(f"field weight_map of '{index}' is empty; {_REDOWNLOAD_INDEX}.")
+    names: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for key, shard in weight_map.items():
+        if shard not in names:
+            where = f"field weight_map['{_short(key)}'] of '{index}'"
+            if not isinstance(shard, str):
+                raise DSAUserError(f"{where} is a JSON {_json_type(shard)}, not a shard file name; "
+                                   f"{_REDOWNLOAD_INDEX}.")
+            names[shard] = shard_name(folder, shard, where)
+        out[key] = names[shard]
+    return out
+
+
+def shard_name(folder: Path, name: str, what: str) -> str:
+    """``name`` normalized, refusing anything but a relative path to a ``.safetensors`` file inside ``folder``.
+
+    ``what`` names where the name was read. Absolute paths, paths that leave ``folder`` through
+    ``..`` and symbolic links that resolve outside it are refused (the check of
+    :func:`dsa_export.manifest.confined`), except the links of a Hugging Face hub cache snapshot
+    (``models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/HASH``), which stay inside that
+    model's own cache.
+    """
+    fix = _REDOWNLOAD_INDEX if what.startswith("field ") else "remove it or re-download the checkpoint"
+    if not name or "\x00" in name:
+        raise DSAUserError(f"{what} is {_short(name)!r}, not a file name; {fix}.")
+    text = name.replace("\\", "/")
+    if posixpath.isabs(text) or (len(text) > 1 and text[1] == ":"):
+        raise DSAUserError(f"{what} is the absolute path '{_short(name)}', but shards must lie inside the "
+                           f"checkpoint folder '{folder}'; {fix}.")
+    normal = posixpath.normpath(text)
+    if normal in (".", "..") or normal.startswith("../"):
+        raise DSAUserError(f"{what} is '{_short(name)}', which leads out of the checkpoint folder '{folder}'; {fix}.")
+    if not normal.endswith(".safetensors"):
+        raise DSAUserError(f"{what} is '{_short(name)}', not a .safetensors file; {fix}.")
+    try:
+        root = folder.resolve()
+        real = (folder / normal).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise DSAUserError(f"{what} is '{_short(name)}', which cannot be resolved ({exc}); {fix}.") from exc
+    if not any(real.is_relative_to(allowed) and real != allowed for allowed in _allowed_roots(root)):
+        raise DSAUserError(f"{what} is '{_short(name)}', a link to '{real}' outside the checkpoint folder "
+                           f"'{folder}'; put the file itself in the folder.")
+    return normal
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    """Where the shards of the resolved checkpoint folder ``root`` may live."""
+    roots = [root]
+    repo = root.parent.parent
+    if root.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+        roots.append((repo / "blobs").resolve())
+    return roots
+
+
+def shard_names(folder: str | Path) -> tuple[list[str], dict[str, str] | None]:
+    """The shard file names of a checkpoint folder (sorted, checked by :func:`shard_name`) and its
+    index's weight_map, or None when the folder has no index and every ``*.safetensors`` is a shard."""
+    folder = Path(folder)
+    weight_map = read_index(folder)
+    if weight_map is not None:
+        return sorted(set(weight_map.values())), weight_map
+    names = sorted(p.name for p in folder.glob("*.safetensors"))
+    return [shard_name(folder, n, "a shard of the folder") for n in names], None
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(text: Any, limit: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class SafetensorsCheckpoint:
@@ -79,16 +208,7 @@ class SafetensorsCheckpoint:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        index_file = self.path / INDEX_NAME
-        if index_file.is_file():
-            try:
-                weight_map = json.loads(index_file.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DSAUserError(f"'{index_file}' is not a valid shard index ({exc}); re-download it.") from exc
-            shards = sorted(set(weight_map.values()))
-        else:
-            shards = sorted(p.name for p in self.path.glob("*.safetensors"))
-            weight_map = None
+        shards, weight_map = shard_names(self.path)
         if not shards:
             raise DSAUserError(f"'{self.path}' has no .safetensors weight files.")
         self.shards = shards
@@ -100,23 +220,22 @@ class SafetensorsCheckpoint:
                 raise DSAUserError(f"shard '{shard}' named by '{INDEX_NAME}' is missing from '{self.path}'.")
             header, data_start = read_header(file)
             self._headers[shard] = json.dumps(header, sort_keys=True).encode()
-            size = file.stat().st_size
             for key, entry in header.items():
-                if key == "__metadata__":
+                if key == METADATA_KEY:
                     continue
-                shape = tuple(int(d) for d in entry["shape"])
-                begin, end = (int(v) for v in entry["data_offsets"])
-                if entry.get("dtype") not in DTYPE_BYTES or data_start + end > size or end - begin != math.prod(
-                        shape) * DTYPE_BYTES[entry["dtype"]]:
-                    raise DSAUserError(f"tensor '{key}' of '{file}' does not fit the file (dtype {entry.get('dtype')}, "
-                                       f"shape {list(shape)}); the shard is damaged or incomplete, re-download it.")
-                self.tensors[key] = TensorInfo(key, shard, entry["dtype"], shape, end - begin, data_start + begin)
+                if key in self.tensors:
+                    raise DSAUserError(f"tensor '{_short(key)}' is in both '{self.tensors[key].shard}' and '{shard}' of "
+                                       f"'{self.path}'; remove the stray shard or re-download the checkpoint.")
+                begin, end = entry["data_offsets"]
+                self.tensors[key] = TensorInfo(key, shard, entry["dtype"], tuple(entry["shape"]), end - begin,
+                                               data_start + begin)
         if weight_map is not None:
+            index_file = self.path / INDEX_NAME
             missing = sorted(k for k, shard in weight_map.items() if self.tensors.get(k, None) is None
                              or self.tensors[k].shard != shard)
             if missing:
                 raise DSAUserError(
-                    f"'{index_file}' names {len(missing)} tensors its shards do not hold (first: '{missing[0]}'); "
+                    f"'{index_file}' names {len(missing)} tensors its shards do not hold (first: '{_short(missing[0])}'); "
                     "the checkpoint is incomplete."
                 )
 

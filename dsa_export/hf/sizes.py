@@ -10,14 +10,13 @@ stages with these figures; every formula is written out in ``docs/plan.md``.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.hf.checkpoint import INDEX_NAME, read_header
+from dsa_export.hf.checkpoint import METADATA_KEY, read_header, shard_names
 from dsa_export.hf.loader import SUPPORTED_TYPES
 
 GIB = 1 << 30
@@ -293,19 +292,51 @@ def weights_from_config(g: Geometry, dtype: str | None) -> Weights:
 
 
 def shard_files(path: Path) -> tuple[list[Path], list[str]]:
-    """The shards of a checkpoint directory and the names the index lists but the directory lacks."""
-    index = path / INDEX_NAME
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DSAUserError(f"'{index}' is not a safetensors index (no weight_map); re-download it.") from exc
-        names = sorted(set(weight_map.values()))
-        return [path / n for n in names if (path / n).is_file()], [n for n in names if not (path / n).is_file()]
-    return sorted(path.glob("*.safetensors")), []
+    """The shards of a checkpoint directory and the names the index lists but the directory lacks.
+
+    The index and the shard names are checked by :func:`dsa_export.hf.checkpoint.shard_names`
+    (the exporter's reader): names outside the folder are refused, never opened.
+    """
+    names, _ = shard_names(path)
+    return [path / n for n in names if (path / n).is_file()], [n for n in names if not (path / n).is_file()]
 
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+_SCALE = "_scale_inv"
+
+
+class ImpliedShapes:
+    """The shape config.json implies for a checkpoint key an export reads: the embedding, the
+    decoder layers and the head, and the FP8 block scale ``KEY_scale_inv`` of each 2-D Linear
+    weight (``[ceil(out/block), ceil(in/block)]``); None for any other key (the MTP layer, which
+    exports ignore, extra keys). Each kind of layer's table is built once."""
+
+    _LAYERS = "model.layers."
+
+    def __init__(self, g: Geometry):
+        self._ends = self._table(g, embedding_tensors(g) + head_tensors(g), 0)
+        by_kind: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {}
+        self._layers: dict[str, dict[str, tuple[int, ...]]] = {}  # "7" -> {"mlp.gate.weight": shape, ...}
+        for i in range(g.layers):
+            kind = (g.mlp_types[i], g.indexer_types[i])
+            if kind not in by_kind:
+                by_kind[kind] = self._table(g, layer_tensors(g, i), len(f"{self._LAYERS}{i}."))
+            self._layers[str(i)] = by_kind[kind]
+
+    @staticmethod
+    def _table(g: Geometry, specs: list[TensorSpec], prefix: int) -> dict[str, tuple[int, ...]]:
+        rows, cols = g.fp8_block
+        table = {t.key[prefix:]: t.shape for t in specs}
+        table.update({f"{t.key[prefix:]}{_SCALE}": (math.ceil(t.shape[0] / rows), math.ceil(t.shape[1] / cols))
+                      for t in specs if t.kind == "linear" and len(t.shape) == 2})
+        return table
+
+    def get(self, key: str) -> tuple[int, ...] | None:
+        if key.startswith(self._LAYERS):
+            number, _, rest = key[len(self._LAYERS):].partition(".")
+            table = self._layers.get(number)
+            return None if table is None else table.get(rest)
+        return self._ends.get(key)
 
 
 def weights_from_headers(g: Geometry, shards: list[Path], dtype: str | None) -> Weights:
@@ -317,17 +348,26 @@ def weights_from_headers(g: Geometry, shards: list[Path], dtype: str | None) -> 
     w = Weights(embedding=0, layers=[0] * g.layers, head=0, parameters=[0] * g.layers,
                 embedding_parameters=0, head_parameters=0, source=f"safetensors headers ({len(shards)} shards)")
     has_lm_head = False
+    seen: dict[str, Path] = {}
+    implied = ImpliedShapes(g)
     for shard in shards:
-        for key, info in read_header(shard)[0].items():
-            if key == "__metadata__":
+        for key, info in read_header(shard)[0].items():  # checked: dtype known, shape and offsets consistent
+            if key == METADATA_KEY:
                 continue
-            try:
-                numel = math.prod(int(d) for d in info["shape"])
-                start, end = info["data_offsets"]
-                stored = int(end) - int(start)
-            except (KeyError, TypeError, ValueError):
-                raise DSAUserError(f"'{shard}' has a malformed header entry for '{key}'; re-download that shard.") from None
-            scale = key.endswith("_scale_inv")
+            if key in seen:
+                raise DSAUserError(f"tensor '{key[:80]}' is in both '{seen[key]}' and '{shard}'; remove the stray "
+                                   "shard or re-download the checkpoint.")
+            seen[key] = shard
+            want = implied.get(key)
+            if want is not None and tuple(info["shape"]) != want:
+                raise DSAUserError(
+                    f"tensor '{key}' of '{shard}' has shape {str(info['shape'])[:80]}, but config.json implies {list(want)}; "
+                    "config.json and the weights do not belong together, or that shard's header is wrong (re-download it)."
+                )
+            numel = math.prod(info["shape"])
+            start, end = info["data_offsets"]
+            stored = end - start
+            scale = key.endswith(_SCALE)
             nbytes = stored if dtype is None else (0 if scale else numel * DTYPE_BYTES[dtype])
             params = 0 if scale else numel
             match = _LAYER_KEY.match(key)

@@ -176,6 +176,9 @@ def build_meta_model(checkpoint_config: dict, checkpoint: SafetensorsCheckpoint,
     if fp8 == "keep":
         _use_fp8_modules(model, checkpoint, checkpoint_block_size(checkpoint_config))
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    # Every tensor's shape against the module, from the headers alone: a lying header is refused
+    # before anything is traced or read (a missing tensor is reported where a graph needs it).
+    weight_recipes(model, checkpoint, block_size=checkpoint_block_size(checkpoint_config), missing_ok=True)
     return model
 
 
@@ -220,8 +223,13 @@ def _expert_keys(prefix: str, proj: str, experts: int, suffix: str) -> tuple[str
 
 
 def weight_recipes(model, checkpoint: SafetensorsCheckpoint, names: list[str] | None = None,
-                   block_size: int = 128) -> dict[str, WeightRecipe]:
-    """``{parameter name: recipe}`` for ``names`` (default: every parameter and persistent buffer)."""
+                   block_size: int = 128, *, missing_ok: bool = False) -> dict[str, WeightRecipe]:
+    """``{parameter name: recipe}`` for ``names`` (default: every parameter and persistent buffer).
+
+    Every checkpoint tensor's shape (from its header) is checked against the module tensor it
+    makes before anything is read. ``missing_ok`` leaves out the names whose tensors the
+    checkpoint lacks instead of refusing them.
+    """
     tensors = dict(model.named_parameters())
     tensors.update({n: b for n, b in model.named_buffers() if not n.endswith("inv_freq")})
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -237,20 +245,46 @@ def weight_recipes(model, checkpoint: SafetensorsCheckpoint, names: list[str] | 
             keys = ("model.embed_tokens.weight",)
         else:
             keys = (name,)
+        if missing_ok and not all(key in checkpoint for key in keys):
+            continue
         for key in keys:
             checkpoint.info(key)  # a clear error for a missing tensor
         scale_keys = None
         if dtype != torch.float8_e4m3fn and all(_is_fp8(checkpoint, k) for k in keys) and not name.endswith("_scale_inv"):
             scale_keys = tuple(k.replace(".weight", ".weight_scale_inv") for k in keys)
-        stored = sum(math.prod(checkpoint.info(k).shape) for k in keys)
-        if stored != math.prod(shape):
-            raise DSAUserError(
-                f"checkpoint tensor(s) {keys[0]}{' ...' if len(keys) > 1 else ''} hold {stored} values but the "
-                f"model built from config.json needs {math.prod(shape)} for '{name}' {list(shape)}; config.json and "
-                "the weights do not belong together."
-            )
+        # Each key's exact shape, before any data is read: a tensor with the right element count in
+        # another layout (transposed) would otherwise stream in as scrambled weights.
+        if match:  # every expert's tensors stacked: gate and up one after the other along the rows
+            parts = 2 if match["proj"] == "gate_up_proj" else 1
+            per_key, what = (shape[1] // parts, *shape[2:]), f"each expert's part of '{name}' {list(shape)}"
+        else:
+            per_key, what = shape, f"'{name}'"
+        for key in keys:
+            _check_shape(checkpoint, key, per_key, what)
+        for key, scale_key in zip(keys, scale_keys or ()):
+            rows, cols = checkpoint.info(key).shape  # 2-D: checked against the Linear above
+            _check_shape(checkpoint, scale_key, (math.ceil(rows / block_size), math.ceil(cols / block_size)),
+                         f"the FP8 block scales of '{key}'")
         recipes[name] = WeightRecipe(keys, shape, dtype, scale_keys, block_size)
     return recipes
+
+
+def _check_shape(checkpoint: SafetensorsCheckpoint, key: str, want: tuple[int, ...], what: str) -> None:
+    """Refuse checkpoint tensor ``key`` unless its header's shape is ``want``, what ``what`` needs."""
+    got = tuple(checkpoint.info(key).shape)
+    if got == tuple(want):
+        return
+    if len(got) > 1 and sorted(got) == sorted(want):
+        how = " (the right dimensions in another order: stored transposed)"
+    elif math.prod(got) == math.prod(want):
+        how = " (as many values in another layout)"
+    else:
+        how = ""
+    raise DSAUserError(
+        f"checkpoint tensor '{key}' has shape {list(got)}{how}, but {what} of the model built from config.json "
+        f"needs {list(want)}; config.json and the weights do not belong together, or that shard's header is wrong "
+        "(re-download it)."
+    )
 
 
 def checkpoint_block_size(checkpoint_config: dict) -> int:
