@@ -19,7 +19,7 @@ import torch
 from tests.plugins import plugin_reference as ref
 # The GPU tests' checks and bounds (test_kernels_gpu.py derives MOE_TOL), so that the emulated and
 # the real kernels are held to the same standard.
-from tests.plugins.test_kernels_gpu import ATTN_TOL, DTYPES, _moe_check, assert_same_selection
+from tests.plugins.test_kernels_gpu import ATTN_TOL, DTYPES, _moe_check, _moe_routing, assert_same_selection
 
 
 @dataclass(frozen=True)
@@ -256,13 +256,7 @@ def block_sparse_no_keys(kl, seed):
 
 # ---- routed experts -----------------------------------------------------------------------------
 def _moe_args(N, K, E, H, I, dtype, *, fp8, block_size, w_dtype, gen, experts=None):
-    pool = torch.arange(E) if experts is None else torch.as_tensor(experts)
-    ids = pool[torch.randint(0, pool.numel(), (N, K), generator=gen)].to(torch.int32)
-    r = torch.rand((N, K), generator=gen)
-    ids[r < 0.1] = -1
-    ids[(r >= 0.1) & (r < 0.12)] = E + 3
-    if N > 4:
-        ids[N // 3] = -1
+    ids = _moe_routing(N, K, E, gen, experts=experts)  # -1 slots, out-of-range ids, a token without experts
     x = torch.randn(N, H, generator=gen).to(dtype)
     w = (torch.rand(N, K, generator=gen) / K).to(w_dtype)
     gate_up = torch.randn(E, 2 * I, H, generator=gen) * H ** -0.5
