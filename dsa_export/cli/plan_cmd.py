@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.hf.plan import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, DTYPE_BYTES, plan_stages
+from dsa_export.errors import DSAUserError
+from dsa_export.hf.plan import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, DTYPE_BYTES, StagesDoNotFit, plan_stages
 
 
 class StageCount(click.ParamType):
@@ -64,11 +64,11 @@ def command(hf_dir: Path, gpu_memory: str, gpus: int | None, stages: str | int, 
         dtype=None if dtype == "auto" else dtype, cache_dtype=None if cache_dtype == "auto" else cache_dtype,
         reserve_bytes=reserve,
     )
+    # The checkpoint is untrusted: plan_stages checks config.json field by field (and refuses a
+    # model too large to plan by arithmetic) before any work; those refusals pass straight through.
     try:
         plan = plan_stages(hf_dir, **kwargs)
-    except DSAUsageError:
-        raise
-    except DSAUserError as exc:
+    except StagesDoNotFit as exc:
         if stages == "auto":
             raise
         # A stage count that does not fit: show what it would take, then fail.

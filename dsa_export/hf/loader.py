@@ -8,13 +8,12 @@ whole checkpoint, kept as an independent oracle for tests of small checkpoints.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsa_export.errors import DSAUserError, require
+from dsa_export.hf.config_schema import SUPPORTED_TYPES, read_config  # noqa: F401  (SUPPORTED_TYPES re-exported)
 
-SUPPORTED_TYPES = ("deepseek_v32", "glm_moe_dsa")
 HF_INSTALL = 'pip install "dsa-export[hf]"'
 
 
@@ -35,20 +34,17 @@ def is_hf_dir(path: str | Path) -> bool:
 
 
 def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
-    """Read config.json and the weight files' kind; refuse what we cannot load safely."""
+    """Read config.json and the weight files' kind; refuse what we cannot load safely.
+
+    config.json is checked field by field (:func:`dsa_export.hf.config_schema.validate_config`) and
+    the token ids of generation_config.json with it, before anything else is read.
+    """
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise DSAUserError(f"'{path}' has no config.json; pass a Hugging Face model directory.")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DSAUserError(f"'{config_file}' is not valid JSON ({exc.msg} at line {exc.lineno}).") from exc
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_TYPES:
-        raise DSAUserError(
-            f"'{path}' holds a '{model_type}' model; dsa-export reads {' and '.join(SUPPORTED_TYPES)} checkpoints."
-        )
+    config = read_config(path)
+    model_type = config["model_type"]
     if not list(path.glob("*.safetensors")):
         pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
         if pickled:
@@ -57,8 +53,7 @@ def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
                 "unpickling runs code; convert them to safetensors first."
             )
         raise DSAUserError(f"'{path}' has no .safetensors weight files.")
-    quant = config.get("quantization_config") or {}
-    fp8 = quant.get("quant_method") == "fp8"
+    fp8 = (config.get("quantization_config") or {}).get("quant_method") == "fp8"
     return HFCheckpoint(path=path, model_type=model_type, config=config, fp8=fp8)
 
 
@@ -77,7 +72,7 @@ def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "
             )
         quant = ckpt.config["quantization_config"]
         kwargs["quantization_config"] = transformers.FineGrainedFP8Config(
-            dequantize=True, weight_block_size=tuple(quant.get("weight_block_size", (128, 128)))
+            dequantize=True, weight_block_size=tuple(quant.get("weight_block_size") or (128, 128))
         )
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,

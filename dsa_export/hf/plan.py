@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.hf.config_schema import check_generation_config, read_json_object
 from dsa_export.hf.sizes import (  # noqa: F401  (re-exported: the planner's public sizes)
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_SEQ,
@@ -37,12 +38,56 @@ from dsa_export.hf.sizes import (  # noqa: F401  (re-exported: the planner's pub
     weights_from_headers,
 )
 
+
+class StagesDoNotFit(DSAUserError):
+    """The model, read correctly, needs more or larger GPUs than asked for (not a bad input file)."""
+
+
 # -- splitting -------------------------------------------------------------------------------------
 
 def _cost_table(costs: LayerCosts) -> list[list[int]]:
-    """``table[i][j]`` = total bytes of the stage running layers i:j (j > i)."""
-    n = costs.num_layers
-    return [[0] * (i + 1) + [costs.stage(0, i, j).total_bytes for j in range(i + 1, n + 1)] for i in range(n)]
+    """``table[i][j]`` = total bytes of the stage running layers i:j (j > i): ``costs.stage(0, i,
+    j).total_bytes``, with running sums and maxima along each row (O(n^2), not O(n^3))."""
+    n, w = costs.num_layers, costs.weights
+    table = []
+    for i in range(n):
+        row = [0] * (i + 1)
+        base = costs.io_bytes + costs.reserve_bytes
+        if i == 0:
+            base += w.embedding + costs.embedding_io_bytes
+        elif costs.shared[i]:
+            base += costs.indices_io_bytes  # the selection handed in across the cut
+        summed, peak = 0, 0
+        for j in range(i + 1, n + 1):
+            summed += w.layers[j - 1] + costs.cache[j - 1]
+            peak = max(peak, costs.transient[j - 1])
+            if j == n:
+                end = w.head + costs.head_io_bytes
+            else:
+                end = costs.indices_io_bytes if costs.shared[j] else 0  # handed on across the cut
+            row.append(base + summed + peak + end)
+        table.append(row)
+    return table
+
+
+def best_split_of_any_count(table: list[list[int]], n: int) -> tuple[int, list[int]]:
+    """(largest total, stage starts) of the split into any number of stages whose largest stage is
+    the smallest possible (the fewest stages among equals): O(n^2), so a model that no split fits is
+    told so without trying every count."""
+    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)
+    arg = [0] * (n + 1)
+    for j in range(1, n + 1):
+        key, choice = None, 0
+        for i in range(j):
+            cand = (max(best[i][0], table[i][j]), best[i][1] + 1)
+            if key is None or cand < key:
+                key, choice = cand, i
+        best[j], arg[j] = key, choice  # type: ignore[assignment]
+    starts, j = [], n
+    while j:
+        j = arg[j]
+        starts.append(j)
+    return best[n][0], starts[::-1]
 
 
 def min_max_splits(table: list[list[int]], n: int) -> Iterator[tuple[int, int, list[int]]]:
@@ -86,6 +131,8 @@ def split_min_max(table: list[list[int]], n: int, count: int) -> tuple[int, list
 
 def fewest_stages(table: list[list[int]], n: int, capacity: int) -> tuple[int, int, list[int]] | None:
     """(count, largest, starts) of the fewest stages that all fit ``capacity``, or None if no split does."""
+    if best_split_of_any_count(table, n)[0] > capacity:
+        return None
     return next(((k, big, starts) for k, big, starts in min_max_splits(table, n) if big <= capacity), None)
 
 
@@ -182,13 +229,7 @@ def load_config(source: str | Path | dict) -> tuple[dict, Path | None]:
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise DSAUserError(f"'{path}' is neither a model directory with config.json nor a config.json file.")
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DSAUserError(f"'{file}' is not readable JSON ({exc}); pass the checkpoint's config.json.") from exc
-    if not isinstance(config, dict):
-        raise DSAUserError(f"'{file}' is not a JSON object; pass the checkpoint's config.json.")
-    return config, file.parent
+    return read_json_object(file), file.parent
 
 
 def plan_stages(
@@ -228,7 +269,9 @@ def plan_stages(
     """
     config, directory = load_config(checkpoint)
     where = f"'{directory / 'config.json'}'" if directory else "the config"
-    g = Geometry.from_config(config, where)
+    g = Geometry.from_config(config, where)  # every field checked, the model's size by arithmetic
+    if directory:
+        check_generation_config(directory, config)
     capacity = parse_size(gpu_memory_bytes, "GPU memory")
     reserve = parse_size(reserve_bytes, "reserve", allow_zero=True)
     if dtype is not None and dtype not in DTYPE_BYTES:
@@ -261,7 +304,7 @@ def plan_stages(
             raise _no_split_fits(table, capacity, max_batch, max_seq, dtype)
         count, largest, starts = found
         if gpus is not None and count > gpus:
-            raise DSAUserError(
+            raise StagesDoNotFit(
                 f"the model needs {count} stages of {format_gib(capacity)} at batch {max_batch} x {max_seq} tokens but "
                 f"--gpus is {gpus}; add GPUs, lower --max-seq/--max-batch or use GPUs with more memory."
             )
@@ -271,7 +314,7 @@ def plan_stages(
             found = fewest_stages(table, n, capacity)
             if found is None:
                 raise _no_split_fits(table, capacity, max_batch, max_seq, dtype)
-            raise DSAUserError(
+            raise StagesDoNotFit(
                 f"with {count} stages the largest needs {format_gib(largest)}, more than the {format_gib(capacity)} "
                 f"GPU; use --stages {found[0]} (or --stages auto), or lower --max-seq/--max-batch."
             )
@@ -287,16 +330,16 @@ def plan_stages(
     )
 
 
-def _no_split_fits(table: list[list[int]], capacity: int, batch: int, seq: int, dtype: str | None) -> DSAUserError:
+def _no_split_fits(table: list[list[int]], capacity: int, batch: int, seq: int, dtype: str | None) -> StagesDoNotFit:
     """The error for a model no split fits, naming the stage that stays too big in the best split of all."""
     n = len(table)
-    _, largest, starts = min(min_max_splits(table, n), key=lambda split: split[1])
+    largest, starts = best_split_of_any_count(table, n)
     bounds = [*starts, n]
     worst = max(range(len(starts)), key=lambda k: table[bounds[k]][bounds[k + 1]])
     a, b = bounds[worst], bounds[worst + 1]
     what = f"layer {a}" if b == a + 1 else f"layers {a}:{b}"
     extra = (" with the embedding" if a == 0 else "") + (" with the final norm and lm_head" if b == n else "")
-    return DSAUserError(
+    return StagesDoNotFit(
         f"no split fits the {format_gib(capacity)} GPU: {what}{extra} "
         f"{'alone needs' if b == a + 1 else 'need even in the best split'} {format_gib(largest)} (weights, cache, "
         f"activations at batch {batch} x {seq} tokens and reserve); lower --max-seq or --max-batch"
@@ -321,5 +364,5 @@ def _stage_count(stages: str | int, layers: int, gpus: int | None) -> int | None
     return count
 
 
-__all__ = ["DEFAULT_MAX_SEQ", "DEFAULT_RESERVE_BYTES", "Geometry", "LayerCosts", "Plan", "StagePlan",
+__all__ = ["DEFAULT_MAX_SEQ", "DEFAULT_RESERVE_BYTES", "Geometry", "LayerCosts", "Plan", "StagePlan", "StagesDoNotFit",
            "fewest_stages", "min_max_splits", "parse_size", "plan_stages", "split_min_max"]

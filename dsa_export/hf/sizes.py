@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.hf.checkpoint import METADATA_KEY, read_header, shard_names
-from dsa_export.hf.loader import SUPPORTED_TYPES
+from dsa_export.hf.config_schema import config_dtype, validate_config
 
 GIB = 1 << 30
 #: CUDA context, cuBLAS/cuDNN handles, TensorRT execution-context scratch and allocator slack per
@@ -28,7 +28,6 @@ DEFAULT_MAX_BATCH = 1
 DEFAULT_MAX_SEQ = 8192
 #: Bytes per element of the precisions an export can write (``dsa-export export --dtype``).
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-_CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: The indexer plugin's workspace cap (plugins/dsaIndexerTopKPlugin/DSAIndexerTopK_PluginConfig.yaml).
 INDEXER_WORKSPACE_CAP = 256 << 20
 _INT64 = 8
@@ -101,51 +100,45 @@ class Geometry:
 
     @classmethod
     def from_config(cls, config: dict, where: str = "config.json") -> Geometry:
-        model_type = config.get("model_type")
-        if model_type not in SUPPORTED_TYPES:
-            raise DSAUserError(
-                f"{where} describes a '{model_type}' model; the planner reads {' and '.join(SUPPORTED_TYPES)} configs."
-            )
-
-        def need(key: str) -> int:
-            if config.get(key) is None:
-                raise DSAUserError(f"{where} has no '{key}'; use the config.json published with the checkpoint.")
-            return int(config[key])
-
-        n = need("num_hidden_layers")
-        dense = min(int(config.get("first_k_dense_replace", 3)), n)
+        """The geometry of ``config``, checked field by field first (:mod:`dsa_export.hf.config_schema`)."""
+        validate_config(config, where)
+        model_type = config["model_type"]
+        n = config["num_hidden_layers"]
+        dense = min(config.get("first_k_dense_replace", 3), n)
         mlp_types = tuple(config.get("mlp_layer_types") or ["dense"] * dense + ["sparse"] * (n - dense))
-        indexer_types = tuple(config.get("indexer_types") or _derive_indexer_types(config, model_type, n))
-        if len(mlp_types) != n or len(indexer_types) != n:
-            raise DSAUserError(f"{where} lists mlp_layer_types/indexer_types for other than its {n} layers; fix them.")
+        indexer_types = tuple(_derive_indexer_types(config, model_type, n))
         quant = config.get("quantization_config") or {}
         fp8 = quant.get("quant_method") == "fp8"
-        block = tuple(int(b) for b in quant.get("weight_block_size") or (128, 128))
-        dtype_name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+        block = tuple(quant.get("weight_block_size") or (128, 128))
         return cls(
-            model_type=model_type, vocab=need("vocab_size"), hidden=need("hidden_size"), layers=n,
-            heads=need("num_attention_heads"), q_lora=need("q_lora_rank"), kv_lora=need("kv_lora_rank"),
-            nope=need("qk_nope_head_dim"), rope=need("qk_rope_head_dim"), v_dim=need("v_head_dim"),
-            intermediate=need("intermediate_size"), moe_intermediate=need("moe_intermediate_size"),
-            routed_experts=need("n_routed_experts"), shared_experts=int(config.get("n_shared_experts") or 0),
-            experts_per_token=need("num_experts_per_tok"), index_heads=need("index_n_heads"),
-            index_dim=need("index_head_dim"), index_topk=need("index_topk"),
+            model_type=model_type, vocab=config["vocab_size"], hidden=config["hidden_size"], layers=n,
+            heads=config["num_attention_heads"], q_lora=config["q_lora_rank"], kv_lora=config["kv_lora_rank"],
+            nope=config["qk_nope_head_dim"], rope=config["qk_rope_head_dim"], v_dim=config["v_head_dim"],
+            intermediate=config["intermediate_size"], moe_intermediate=config["moe_intermediate_size"],
+            routed_experts=config["n_routed_experts"], shared_experts=config.get("n_shared_experts") or 0,
+            experts_per_token=config["num_experts_per_tok"], index_heads=config["index_n_heads"],
+            index_dim=config["index_head_dim"], index_topk=config["index_topk"],
             attention_bias=bool(config.get("attention_bias", False)),
-            mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
+            mtp_layers=config.get("num_nextn_predict_layers") or 0,
             mlp_types=mlp_types, indexer_types=indexer_types,
-            storage_dtype=_CONFIG_DTYPES.get(str(dtype_name), "bf16"), fp8=fp8, fp8_block=(block[0], block[1]),
+            storage_dtype=config_dtype(config, "bf16"), fp8=fp8, fp8_block=(block[0], block[1]),
         )
 
 
 def _derive_indexer_types(config: dict, model_type: str, n: int) -> list[str]:
-    """GLM-5's schedule of full and shared indexer layers, derived as transformers' GlmMoeDsaConfig does."""
+    """The per-layer indexer schedule as transformers derives it: every layer runs its own indexer in
+    DeepSeek-V3.2; GLM-5 takes ``indexer_types``, else ``index_topk_pattern``, else its schedule of
+    full and shared layers (``index_topk_freq``, ``index_skip_topk_offset``)."""
     if model_type != "glm_moe_dsa":
         return ["full"] * n
+    if config.get("indexer_types") is not None:
+        return list(config["indexer_types"])
     pattern = config.get("index_topk_pattern")
     if pattern is not None:
         return [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
-    freq = max(int(config.get("index_topk_freq", 1)), 1)
-    offset = int(config.get("index_skip_topk_offset", 2))
+    freq = max(config.get("index_topk_freq") or 1, 1)
+    offset = config.get("index_skip_topk_offset", 2)
+    offset = 2 if offset is None else offset
     return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
 
 

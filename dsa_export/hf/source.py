@@ -22,7 +22,6 @@ GRAPHS = ("prefill", "decode")
 #: Past length of the traced decode example (any length >= 0 works at run time).
 EXAMPLE_PAST = 3
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def parse_layers(text: str, num_layers: int) -> tuple[int, int]:
@@ -38,9 +37,12 @@ def parse_layers(text: str, num_layers: int) -> tuple[int, int]:
 
 
 def checkpoint_dtype(config: dict) -> str:
-    """The export dtype matching the checkpoint's own (``torch_dtype`` / ``dtype`` in config.json)."""
-    stored = config.get("torch_dtype") or config.get("dtype") or "float32"
-    return _CONFIG_DTYPES.get(str(stored).replace("torch.", ""), "fp32")
+    """The export dtype matching the checkpoint's own (``dtype`` / ``torch_dtype`` of a config.json
+    checked by :func:`dsa_export.hf.config_schema.validate_config`; float32 when it names none, as
+    transformers assumes)."""
+    from dsa_export.hf.config_schema import config_dtype
+
+    return config_dtype(config, "fp32")
 
 
 def hf_reference(path: str | Path, *, graph: str = "prefill", layers: tuple[int, int] | None = None,

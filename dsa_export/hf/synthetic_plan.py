@@ -209,6 +209,9 @@ def _config(kind, *, layers, dense_layers, experts, precision, vocab_size, index
     if kind == "glm_moe_dsa" and kwargs["vocab_size"] > max(_GLM_EOS):
         kwargs.update(eos_token_id=list(_GLM_EOS), pad_token_id=_GLM_EOS[0])
     kwargs.update(overrides)
+    if "num_attention_heads" in overrides and "num_key_value_heads" not in overrides:
+        # The published configs have one key/value head per attention head (MLA); keep that.
+        kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
     try:
         cfg = cls(**kwargs)
     except (TypeError, ValueError) as exc:

@@ -137,13 +137,25 @@ class RecipeSource:
 
 
 def _config(path, checkpoint_config: dict):
+    """transformers' config of a checkpoint config already checked by
+    :func:`dsa_export.hf.config_schema.validate_config`; whatever transformers still refuses in it
+    (a field the schema does not know) is the checkpoint's fault, reported as such."""
     import transformers
 
     config = dict(checkpoint_config)
     config.pop("quantization_config", None)  # handled here, not by transformers' quantizers
-    cls = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    try:
+        cls = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    except Exception as exc:  # noqa: BLE001 - transformers' strict dataclass checks raise several kinds
+        raise _config_refused(path, exc) from exc
     cls._attn_implementation = "eager"
     return cls
+
+
+def _config_refused(path, exc: BaseException) -> DSAUserError:
+    first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return DSAUserError(f"transformers refuses the config.json of '{path}' ({first}); fix that field or use the "
+                        "config.json published with the checkpoint.")
 
 
 def _keep_fp32_patterns(model) -> tuple[str, ...]:
@@ -167,8 +179,11 @@ def build_meta_model(checkpoint_config: dict, checkpoint: SafetensorsCheckpoint,
     import transformers
 
     config = _config(checkpoint.path, checkpoint_config)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise _config_refused(checkpoint.path, exc) from exc
     model.eval()
     patterns = _keep_fp32_patterns(model)
     for name, param in model.named_parameters():
@@ -288,7 +303,8 @@ def _check_shape(checkpoint: SafetensorsCheckpoint, key: str, want: tuple[int, .
 
 
 def checkpoint_block_size(checkpoint_config: dict) -> int:
-    return int(((checkpoint_config.get("quantization_config") or {}).get("weight_block_size") or [128])[0])
+    """The FP8 scale block of a checked config (``weight_block_size`` is two equal numbers there)."""
+    return ((checkpoint_config.get("quantization_config") or {}).get("weight_block_size") or [128])[0]
 
 
 def materialize(model, modules: list[str], checkpoint: SafetensorsCheckpoint, block_size: int = 128) -> None:
