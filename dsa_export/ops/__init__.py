@@ -2,7 +2,7 @@
 
 The Python entry points validate their arguments against the op contract and then call the
 ``torch.ops.dsa`` custom ops, which the ONNX exporter turns into ``dsa``-domain nodes: the two
-sparse-attention ops, the block-sparse attention and the routed experts of a mixture-of-experts
+sparse-attention ops and their paged-cache forms, the block-sparse attention and the routed experts of a mixture-of-experts
 block.
 """
 
@@ -15,11 +15,14 @@ from dsa_export.ops.contract import (
     BLOCK_SPARSE_ATTENTION,
     DOMAIN,
     INDEXER_TOPK,
+    INDEXER_TOPK_PAGED,
     MOE_ACTIVATIONS,
     MOE_EXPERTS,
     MOE_EXPERTS_FP8,
     OPS,
+    PLUGIN_OPS,
     SPARSE_ATTENTION,
+    SPARSE_ATTENTION_PAGED,
 )
 
 if TYPE_CHECKING:
@@ -29,15 +32,20 @@ __all__ = [
     "BLOCK_SPARSE_ATTENTION",
     "DOMAIN",
     "INDEXER_TOPK",
+    "INDEXER_TOPK_PAGED",
     "MOE_EXPERTS",
     "MOE_EXPERTS_FP8",
     "OPS",
+    "PLUGIN_OPS",
     "SPARSE_ATTENTION",
+    "SPARSE_ATTENTION_PAGED",
     "dsa_block_sparse_attention",
     "dsa_indexer_topk",
+    "dsa_indexer_topk_paged",
     "dsa_moe_experts",
     "dsa_moe_experts_fp8",
     "dsa_sparse_attention",
+    "dsa_sparse_attention_paged",
 ]
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -112,6 +120,102 @@ def dsa_sparse_attention(
     _check(q.shape[2] % k.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k.shape[2]}.")
     _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]), "indices must be [B,S,K] of q.")
     return torch_ops.sparse_attention(q, k, v, indices.to(torch.int32), float(scale))
+
+
+def _check_block_table(block_table: torch.Tensor, batch: int, op: str) -> None:
+    _check(block_table.dim() == 2 and block_table.shape[0] == batch and not block_table.is_floating_point(),
+           f"{op} expects an integer block_table [B,M] with B = {batch}, not {tuple(block_table.shape)} "
+           f"{block_table.dtype}.")
+
+
+def dsa_indexer_topk_paged(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    w: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    topk: int,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """The lightning indexer over a paged key cache (see the op contract, DSAIndexerTopKPaged).
+
+    Logical key ``t`` of row ``b`` is ``k_pool[block_table[b, t // page], t % page]``; query ``s``
+    of row ``b`` sits at logical position ``query_start[b] + s`` and selects among the keys
+    ``t < lengths[b]`` (and ``t <= query_start[b] + s`` when causal) whose page entry lies in
+    ``[0, P)``. Returns logical positions ``[B,S,topk]`` int32, -1 padded.
+    """
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    op = INDEXER_TOPK_PAGED.name
+    _check(q.dim() == 4 and k_pool.dim() == 3 and w.dim() == 3,
+           f"{op} expects q [B,S,H,D], k_pool [P,page,D], w [B,S,H].")
+    _check(k_pool.shape[2] == q.shape[3], f"k_pool {tuple(k_pool.shape)} does not match q {tuple(q.shape)}.")
+    _check(k_pool.shape[0] >= 1 and k_pool.shape[1] >= 1, f"k_pool {tuple(k_pool.shape)} needs at least one page.")
+    _check(tuple(w.shape) == tuple(q.shape[:3]), f"w {tuple(w.shape)} must be [B,S,H] of q {tuple(q.shape)}.")
+    _check(str(q.dtype).split(".")[-1] in _FLOAT_DTYPES and k_pool.dtype == q.dtype,
+           f"q and k_pool must share one of {', '.join(_FLOAT_DTYPES)}, not {q.dtype} / {k_pool.dtype}.")
+    _check(w.dtype in (torch.float32, q.dtype), f"w must be float32 or q's dtype ({q.dtype}), not {w.dtype}.")
+    _check(int(topk) >= 1, "topk must be at least 1.")
+    _check_block_table(block_table, q.shape[0], op)
+    for name, tensor in (("query_start", query_start), ("lengths", lengths)):
+        _check(tuple(tensor.shape) == (q.shape[0],) and not tensor.is_floating_point(),
+               f"{name} must be an integer [B] tensor, not {tuple(tensor.shape)} {tensor.dtype}.")
+    return torch_ops.indexer_topk_paged(q, k_pool, w, block_table.to(torch.int32), query_start.to(torch.int32),
+                                        lengths.to(torch.int32), int(topk), float(scale), bool(causal))
+
+
+def dsa_sparse_attention_paged(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor | None,
+    indices: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    scale: float,
+    v_head_dim: int | None = None,
+) -> torch.Tensor:
+    """Sparse attention over paged key/value caches (see the op contract, DSASparseAttentionPaged).
+
+    ``indices [B,S,K]`` are logical positions, read through ``block_table [B,M]``. ``v_pool=None``
+    with ``v_head_dim=Dv`` takes the values from the keys (their first ``Dv`` channels): the op
+    receives the contract's pool without pages (``[0,page,Hkv,Dv]``, a view of k_pool).
+    """
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    op = SPARSE_ATTENTION_PAGED.name
+    _check(k_pool.dim() == 4, f"{op} expects k_pool [P,page,Hkv,Dk], not {tuple(k_pool.shape)}.")
+    if v_pool is None:
+        _check(v_head_dim is not None and 0 < int(v_head_dim) <= k_pool.shape[-1],
+               "values from keys (v_pool=None) need 0 < v_head_dim <= the key head dim.")
+        v_pool = k_pool[:0, :, :, : int(v_head_dim)]
+    elif v_head_dim is not None:
+        _check(int(v_head_dim) == v_pool.shape[-1], f"v_head_dim {v_head_dim} != v_pool's head dim {v_pool.shape[-1]}.")
+    _check(q.dim() == 4 and v_pool.dim() == 4 and indices.dim() == 3,
+           f"{op} expects q [B,S,H,Dk], k_pool [P,page,Hkv,Dk], v_pool [P,page,Hkv,Dv], indices [B,S,K].")
+    _check(k_pool.shape[3] == q.shape[3], f"k_pool head dim {k_pool.shape[3]} != q head dim {q.shape[3]}.")
+    _check(k_pool.shape[0] >= 1 and k_pool.shape[1] >= 1, f"k_pool {tuple(k_pool.shape)} needs at least one page.")
+    if v_pool.shape[0] == 0:
+        _check(v_pool.shape[1:3] == k_pool.shape[1:3] and v_pool.shape[3] <= k_pool.shape[3],
+               f"a v_pool without pages {tuple(v_pool.shape)} (values from keys) must be [0,page,Hkv,Dv] with "
+               f"Dv <= Dk of k_pool {tuple(k_pool.shape)}.")
+    else:
+        _check(tuple(v_pool.shape[:3]) == tuple(k_pool.shape[:3]),
+               f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} must have the same pages.")
+    _check(q.shape[2] % k_pool.shape[2] == 0, f"H={q.shape[2]} is not a multiple of Hkv={k_pool.shape[2]}.")
+    _check(str(q.dtype).split(".")[-1] in _FLOAT_DTYPES and k_pool.dtype == q.dtype and v_pool.dtype == q.dtype,
+           f"q, k_pool and v_pool must share one of {', '.join(_FLOAT_DTYPES)}.")
+    _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]) and not indices.is_floating_point(),
+           "indices must be an integer [B,S,K] tensor of q.")
+    _check_block_table(block_table, q.shape[0], op)
+    return torch_ops.sparse_attention_paged(q, k_pool, v_pool, indices.to(torch.int32), block_table.to(torch.int32),
+                                            float(scale))
 
 
 def dsa_block_sparse_attention(

@@ -4,8 +4,9 @@ This module is the bottom of the package: the exporter, the ONNX schemas, the re
 runtimes and the plugin library all read op names, attributes and I/O from here, so the contract
 is written down once.
 
-Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``), the
-block-sparse attention of the DSA articles (``DSABlockSparseAttention``: per-head lists of key blocks,
+Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``) and their
+paged-cache forms (``DSAIndexerTopKPaged``, ``DSASparseAttentionPaged``: keys read from a pool of pages
+through a per-sequence block table, no plugin yet), the block-sparse attention of the DSA articles (``DSABlockSparseAttention``: per-head lists of key blocks,
 see docs/ops.md) and the routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
 DeepSeek's FP8 block-scaled expert weights: an ONNX function body cannot test whether an optional
 input is present, so the FP8 form is its own op).
@@ -60,6 +61,10 @@ class OpSpec:
     torch_name: str = ""  # the torch.library op, "dsa::<torch_name>"
     #: Lowest standard-domain opset its function body can be written in.
     min_opset: int = BASE_OPSET
+    #: Whether the plugin library (plugins/) registers a TensorRT plugin creator for the op. An op
+    #: without one runs through its function body everywhere, TensorRT included (see docs/ops.md,
+    #: "Paged caches"): a build that loads the plugin library must keep that op's body.
+    has_plugin: bool = True
     plugin_attributes: tuple[AttrSpec, ...] = field(
         default=(
             AttrSpec("plugin_namespace", "string", PLUGIN_NAMESPACE, "TensorRT plugin namespace."),
@@ -154,6 +159,69 @@ BLOCK_SPARSE_ATTENTION = OpSpec(
 )
 
 
+_PAGED_DOC = (
+    " Paged cache: the keys live in a pool of pages allocated once (k_pool [P,page,...], P >= 1) and "
+    "block_table[b, j] names the page that holds the logical positions j*page .. j*page+page-1 of row b, so "
+    "logical key t of row b is k_pool[block_table[b, t // page], t % page] for t < M*page; a block_table "
+    "entry outside [0,P) makes its page's keys invalid. Indices are logical positions."
+)
+
+INDEXER_TOPK_PAGED = OpSpec(
+    name="DSAIndexerTopKPaged",
+    torch_name="indexer_topk_paged",
+    doc=(
+        "DSAIndexerTopK over a paged key cache. score[b,s,t] = sum_h w[b,s,h] * ReLU(scale * q[b,s,h,:] . "
+        "key[b,t,:]) with key[b,t] the logical key t of row b; query s of row b sits at logical position "
+        "query_start[b] + s (each row its own past length: ragged batches) and selects among the keys "
+        "t < min(lengths[b], M*page) whose page entry is valid and, when causal, t <= query_start[b] + s. "
+        "Output: the logical positions of the min(topk, allowed) highest-scoring keys, ties to the lower "
+        "position, -1 in the remaining slots; order within a row is unspecified." + _PAGED_DOC
+    ),
+    inputs=(
+        TensorSpec("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        TensorSpec("k_pool", "[P,page,D]", FLOAT_TYPES, doc="Pool of indexer-key pages (q's dtype)."),
+        TensorSpec("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+                   doc="Per-head weights of each query (float32, or q's dtype)."),
+        TensorSpec("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        TensorSpec("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
+        TensorSpec("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
+    ),
+    outputs=(TensorSpec("indices", "[B,S,topk]", ("tensor(int32)",),
+                        doc="Selected logical key positions, -1 padded."),),
+    attributes=(
+        AttrSpec("topk", "int", None, "Number of keys to select per query."),
+        AttrSpec("scale", "float", None, "Scale inside the ReLU (index_head_dim ** -0.5)."),
+        AttrSpec("causal", "int", 1, "1: query at query_start[b]+s selects keys t <= query_start[b]+s only."),
+    ),
+    has_plugin=False,
+)
+
+SPARSE_ATTENTION_PAGED = OpSpec(
+    name="DSASparseAttentionPaged",
+    torch_name="sparse_attention_paged",
+    doc=(
+        "DSASparseAttention over a paged key/value cache: out[b,s,h] = softmax_j(scale * q[b,s,h] . "
+        "key[b,i_j,g(h)]) @ val[b,i_j,g(h)] over the valid logical indices i_j, g(h) = h // (H / Hkv), with "
+        "key[b,t] the logical key t of row b. An index is skipped when it is < 0 or >= M*page or its page "
+        "entry is invalid. The values are v_pool's (same pages as k_pool), or, when v_pool has no pages "
+        "([0,page,Hkv,Dv]), the first Dv channels of the keys (Dv <= Dk; DeepSeek's absorbed MLA). A row with "
+        "no valid index gives zeros. Indices in a row are distinct. Accumulates in float32; the output has "
+        "q's dtype." + _PAGED_DOC
+    ),
+    inputs=(
+        TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
+        TensorSpec("k_pool", "[P,page,Hkv,Dk]", FLOAT_TYPES, doc="Pool of key pages."),
+        TensorSpec("v_pool", "[P,page,Hkv,Dv] or [0,page,Hkv,Dv]", FLOAT_TYPES,
+                   doc="Pool of value pages, or no pages: the values are then the first Dv channels of the keys."),
+        TensorSpec("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
+        TensorSpec("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+    ),
+    outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),
+    attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
+    has_plugin=False,
+)
+
+
 def block_count(length: int, block_size: int) -> int:
     """Blocks of ``block_size`` covering ``length`` positions (the last one may be partial).
 
@@ -223,5 +291,10 @@ MOE_EXPERTS_FP8 = OpSpec(
 #: Every op of the domain, by ONNX op_type.
 OPS: dict[str, OpSpec] = {
     spec.name: spec
-    for spec in (INDEXER_TOPK, SPARSE_ATTENTION, BLOCK_SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8)
+    for spec in (INDEXER_TOPK, SPARSE_ATTENTION, BLOCK_SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8,
+                 INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED)
 }
+
+#: The ops the plugin library registers a creator for (``has_plugin``): the plugin layers a
+#: TensorRT build with the library loaded must contain, one per node of these types.
+PLUGIN_OPS: dict[str, OpSpec] = {name: spec for name, spec in OPS.items() if spec.has_plugin}

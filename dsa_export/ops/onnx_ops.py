@@ -6,8 +6,9 @@
   Runtime and the TensorRT(-RTX) parser execute a node through it when no plugin is registered;
   the bodies written into files are ones TensorRT(-RTX) builds as they are, and
   :func:`use_onnxruntime_bodies` gives our ONNX Runtime sessions the faster trimmed attention.
-  The DSA bodies (:mod:`dsa_export.ops.attention_onnx`) loop over chunks of queries, so their
-  memory is one chunk's (never ``[B,S,T]``); so does the block-sparse body
+  The DSA bodies (:mod:`dsa_export.ops.attention_onnx`, and :mod:`dsa_export.ops.paged_onnx` for
+  their paged-cache forms) loop over chunks of queries, so their memory is one chunk's (never
+  ``[B,S,T]``); so does the block-sparse body
   (:mod:`dsa_export.ops.block_onnx`) over chunks of query blocks; the routed-experts bodies
   (:mod:`dsa_export.ops.moe_onnx`) loop over the active experts and tiles of their tokens.
 * :func:`translation_table` maps the torch custom ops to onnxscript functions emitting the nodes.
@@ -83,9 +84,10 @@ def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionPro
     from dsa_export.ops.attention_onnx import indexer_function, sparse_attention_function
     from dsa_export.ops.block_onnx import block_sparse_attention_function
     from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function
+    from dsa_export.ops.paged_onnx import indexer_paged_function, sparse_attention_paged_function
 
     functions = [indexer_function(opset), sparse_attention_function(opset), block_sparse_attention_function(opset),
-                 moe_experts_function(opset)]
+                 moe_experts_function(opset), indexer_paged_function(opset), sparse_attention_paged_function(opset)]
     if opset >= MOE_EXPERTS_FP8.min_opset:
         functions.append(moe_experts_fp8_function(opset, fp8_body))
     return functions
@@ -124,6 +126,13 @@ def translation_table() -> dict:
     def sparse_attention(q, k, v, indices, scale: float):
         return dsa.DSASparseAttention(q, k, v, indices, scale=scale, **PLUGIN_ATTRIBUTES)
 
+    def indexer_topk_paged(q, k_pool, w, block_table, query_start, lengths, topk: int, scale: float, causal: bool):
+        return dsa.DSAIndexerTopKPaged(q, k_pool, w, block_table, query_start, lengths, topk=topk, scale=scale,
+                                       causal=int(causal), **PLUGIN_ATTRIBUTES)
+
+    def sparse_attention_paged(q, k_pool, v_pool, indices, block_table, scale: float):
+        return dsa.DSASparseAttentionPaged(q, k_pool, v_pool, indices, block_table, scale=scale, **PLUGIN_ATTRIBUTES)
+
     def block_sparse_attention(q, k, v, block_index, block_size: int, scale: float, causal: bool):
         return dsa.DSABlockSparseAttention(q, k, v, block_index, block_size=int(block_size), scale=scale,
                                            causal=int(causal), **PLUGIN_ATTRIBUTES)
@@ -141,6 +150,8 @@ def translation_table() -> dict:
     return {
         torch.ops.dsa.indexer_topk.default: indexer_topk,
         torch.ops.dsa.sparse_attention.default: sparse_attention,
+        torch.ops.dsa.indexer_topk_paged.default: indexer_topk_paged,
+        torch.ops.dsa.sparse_attention_paged.default: sparse_attention_paged,
         torch.ops.dsa.block_sparse_attention.default: block_sparse_attention,
         torch.ops.dsa.moe_experts.default: moe_experts,
         torch.ops.dsa.moe_experts_fp8.default: moe_experts_fp8,

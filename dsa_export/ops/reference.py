@@ -111,6 +111,84 @@ def block_sparse_attention_reference(
     return out.astype(np.asarray(q).dtype)
 
 
+def paged_keys_reference(pool: np.ndarray, block_table: np.ndarray, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """The logical keys ``[M*page, ...]`` of batch row ``row`` read through its block table, and
+    their bool validity (False where the page entry lies outside ``[0, P)``; those keys are zeros)."""
+    n_pages, page = pool.shape[0], pool.shape[1]
+    entries = [int(p) for p in block_table[row]]
+    keys = np.zeros((len(entries) * page, *pool.shape[2:]), dtype=pool.dtype)
+    ok = np.zeros(len(entries) * page, dtype=bool)
+    for j, p in enumerate(entries):
+        if 0 <= p < n_pages:
+            keys[j * page:(j + 1) * page] = pool[p]
+            ok[j * page:(j + 1) * page] = True
+    return keys, ok
+
+
+def indexer_topk_paged_reference(
+    q: np.ndarray,
+    k_pool: np.ndarray,
+    w: np.ndarray,
+    block_table: np.ndarray,
+    query_start: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    topk: int,
+    scale: float,
+    causal: bool = True,
+) -> np.ndarray:
+    """int32 ``[B,S,topk]`` selected logical key positions of the paged indexer, ties toward the
+    lower position, -1 padded."""
+    q64, k64, w64 = _as_float64(q), _as_float64(k_pool), _as_float64(w)
+    b, s, _, _ = q64.shape
+    out = np.full((b, s, topk), -1, dtype=np.int32)
+    for bi in range(b):
+        keys, ok = paged_keys_reference(k64, block_table, bi)
+        logits = np.einsum("shd,td->sht", q64[bi], keys) * scale
+        scores = (np.maximum(logits, 0.0) * w64[bi][..., None]).sum(axis=1)  # [S, M*page]
+        for si in range(s):
+            position = int(query_start[bi]) + si
+            allowed = [t for t in range(keys.shape[0])
+                       if ok[t] and t < int(lengths[bi]) and (not causal or t <= position)]
+            if not allowed:
+                continue
+            row = scores[si, allowed]
+            order = np.argsort(-row, kind="stable")[:topk]  # stable: ties keep the lower position first
+            out[bi, si, : len(order)] = np.sort(np.asarray(allowed)[order])
+    return out
+
+
+def sparse_attention_paged_reference(
+    q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, indices: np.ndarray, block_table: np.ndarray, *,
+    scale: float,
+) -> np.ndarray:
+    """``[B,S,H,Dv]`` attention over the selected logical keys of the paged caches, in q's dtype.
+
+    A ``v_pool`` without pages (``[0,page,Hkv,Dv]``) means the values are the first Dv channels of the keys."""
+    q64, k64, v64 = _as_float64(q), _as_float64(k_pool), _as_float64(v_pool)
+    b, s, h, _ = q64.shape
+    hkv, dv = k64.shape[2], v64.shape[3]
+    if v64.shape[0] == 0:
+        if dv > k64.shape[3]:
+            raise ValueError(f"values from keys need Dv <= Dk, got Dv {dv} and Dk {k64.shape[3]}.")
+        v64 = k64[..., :dv]
+    group = h // hkv
+    out = np.zeros((b, s, h, dv), dtype=np.float64)
+    for bi in range(b):
+        keys, ok = paged_keys_reference(k64, block_table, bi)
+        values, _ = paged_keys_reference(v64, block_table, bi)
+        for si in range(s):
+            sel = [int(i) for i in indices[bi, si] if 0 <= int(i) < keys.shape[0] and ok[int(i)]]
+            if not sel:
+                continue
+            for hi in range(h):
+                g = hi // group
+                logits = keys[sel, g] @ q64[bi, si, hi] * scale
+                p = np.exp(logits - logits.max())
+                out[bi, si, hi] = (p / p.sum()) @ values[sel, g]
+    return out.astype(np.asarray(q).dtype)
+
+
 def _check_activation(activation) -> str:
     activation = activation.decode() if isinstance(activation, bytes) else str(activation)
     if activation not in MOE_ACTIVATIONS:
@@ -180,6 +258,22 @@ class DSABlockSparseAttention(OpRun):
                                                  scale=float(scale), causal=bool(causal)),)
 
 
+class DSAIndexerTopKPaged(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k_pool, w, block_table, query_start, lengths, topk=None, scale=None, causal=1,
+             plugin_namespace=None, plugin_version=None):
+        return (indexer_topk_paged_reference(q, k_pool, w, block_table, query_start, lengths, topk=int(topk),
+                                             scale=float(scale), causal=bool(causal)),)
+
+
+class DSASparseAttentionPaged(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k_pool, v_pool, indices, block_table, scale=None, plugin_namespace=None, plugin_version=None):
+        return (sparse_attention_paged_reference(q, k_pool, v_pool, indices, block_table, scale=float(scale)),)
+
+
 class DSAMoEExperts(OpRun):
     op_domain = DOMAIN
 
@@ -215,7 +309,8 @@ class Loop(_OnnxLoop):
 #: What ``ReferenceEvaluator(model, new_ops=BODY_OPS)`` needs to run the dsa function bodies
 #: (inlined: ``onnx.reference`` gives ``new_ops`` to subgraphs but not to local functions).
 BODY_OPS = [Loop]
-_DSA_REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8]
+_DSA_REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8,
+                      DSAIndexerTopKPaged, DSASparseAttentionPaged]
 #: OpRun classes for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``: the dsa nodes run as
 #: these references, and a graph's own Loops (a native file's inlined bodies) run too.
 REFERENCE_OPS = [*_DSA_REFERENCE_OPS, *BODY_OPS]

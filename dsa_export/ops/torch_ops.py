@@ -1,5 +1,6 @@
-"""torch.library custom ops ``dsa::indexer_topk``, ``dsa::sparse_attention``, ``dsa::moe_experts``
-and ``dsa::moe_experts_fp8``.
+"""torch.library custom ops ``dsa::indexer_topk``, ``dsa::sparse_attention``, their paged-cache
+forms ``dsa::indexer_topk_paged`` / ``dsa::sparse_attention_paged``, ``dsa::moe_experts`` and
+``dsa::moe_experts_fp8``.
 
 The implementations are plain torch (they run on any device) and are both the reference of the
 contract and the CPU deployment path, so they are written for speed as well as clarity: queries
@@ -280,6 +281,156 @@ def sparse_attention(
 @sparse_attention.register_fake
 def _sparse_attention_fake(q, k, v, indices, scale):
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+def _paged_rows(block_table: torch.Tensor, n_pages: int, page: int, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 pages ``[n_keys]`` (clamped into the pool) and bool validity of a row's first ``n_keys``
+    logical keys, read from its block-table row ``block_table [M]``."""
+    blocks = -(-n_keys // page)
+    pages = block_table[:blocks].long()
+    ok = (pages >= 0) & (pages < n_pages)
+    return torch.where(ok, pages, 0), ok.repeat_interleave(page)[:n_keys]
+
+
+@torch.library.custom_op(f"{DOMAIN}::indexer_topk_paged", mutates_args=())
+def indexer_topk_paged(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    w: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """DSAIndexerTopK over a paged key cache: each row's keys are gathered once through its block
+    table (only the pages its queries may read), then scored chunk by chunk like the contiguous op.
+    Keys of invalid pages score -inf; rows with at most ``topk`` allowed keys take all of them."""
+    b, s, h, d = q.shape
+    n_pages, page = k_pool.shape[0], k_pool.shape[1]
+    capacity = block_table.shape[1] * page
+    out = torch.full((b, s, topk), -1, dtype=torch.int32, device=q.device)
+    if b * s == 0 or capacity == 0 or n_pages == 0:
+        return out
+    queries = q.float() * scale
+    weights = w.float()
+    limits = lengths.clamp(0, capacity).tolist()
+    starts = query_start.tolist()
+    slots = torch.arange(topk, device=q.device)
+    for bi in range(b):
+        limit, first = int(limits[bi]), int(starts[bi])
+        # The keys any query of the row may select: a prefix of the logical positions.
+        n_max = min(limit, max(0, first + s)) if causal else limit
+        if n_max <= 0:
+            continue
+        pages, key_ok = _paged_rows(block_table[bi], n_pages, page, n_max)
+        keys = k_pool.index_select(0, pages).reshape(-1, d)[:n_max].float()  # [n_max, D], the row's keys only
+        all_ok = bool(key_ok.all())
+        # A query with at most topk allowed keys takes all of them: the first valid positions.
+        ok_positions = key_ok.nonzero().squeeze(1)[:topk]
+        first_valid = torch.full((topk,), -1, dtype=torch.int64, device=q.device)
+        first_valid[: ok_positions.numel()] = ok_positions
+        counted = torch.cat((torch.zeros(1, dtype=torch.int64, device=q.device), key_ok.long().cumsum(0)))  # [n+1]
+        rows = max(1, min(s, _INDEXER_TILE // (h * min(n_max, _KEY_BLOCK))))
+        tile = torch.empty(max(_INDEXER_TILE, h * min(n_max, _KEY_BLOCK)), dtype=torch.float32, device=q.device)
+        score_buffer = torch.empty(rows * n_max, dtype=torch.float32, device=q.device)
+        for start in range(0, s, rows):
+            stop = min(s, start + rows)
+            # Query r may select among the logical prefix [0, allowed[r]) (minus invalid pages).
+            if causal:
+                allowed = torch.arange(first + start + 1, first + stop + 1, device=q.device).clamp_(0, n_max)
+            else:
+                allowed = torch.full((stop - start,), n_max, device=q.device)
+            n_keys = int(allowed[-1])
+            if n_keys == 0:
+                continue
+            valid = counted[allowed]  # allowed keys per query, non-decreasing along the chunk
+            scored = int((valid <= topk).sum())
+            if scored:
+                out[bi, start:start + scored] = torch.where(slots < valid[:scored, None], first_valid, -1).to(torch.int32)
+            if scored == stop - start:
+                continue
+            lo = start + scored
+            c = stop - lo
+            scores = score_buffer[: c * n_keys].view(c, n_keys)
+            _index_scores(queries[bi, lo:stop], keys[:n_keys], weights[bi, lo:stop], scores, tile)
+            if not all_ok:
+                scores.masked_fill_(~key_ok[None, :n_keys], float("-inf"))
+            if causal:
+                tail = max(0, n_keys - c)
+                past = torch.arange(tail, n_keys, device=q.device)[None, :] >= allowed[scored:, None]
+                scores[:, tail:].masked_fill_(past, float("-inf"))
+            out[bi, lo:stop] = _top_positions(scores, topk).to(torch.int32)
+    return out
+
+
+@indexer_topk_paged.register_fake
+def _indexer_topk_paged_fake(q, k_pool, w, block_table, query_start, lengths, topk, scale, causal):
+    return q.new_empty((q.shape[0], q.shape[1], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{DOMAIN}::sparse_attention_paged", mutates_args=())
+def sparse_attention_paged(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, indices: torch.Tensor, block_table: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """DSASparseAttention over paged caches: each chunk's logical indices are turned into pool rows
+    through the block table and only those rows are gathered (in the pools' dtype, then float32),
+    once per kv head; nothing of the pool is copied whole."""
+    b, s, h, dk = q.shape
+    n_pages, page, hkv = k_pool.shape[0], k_pool.shape[1], k_pool.shape[2]
+    dv = v_pool.shape[3]
+    n_sel = indices.shape[2]
+    capacity = block_table.shape[1] * page
+    group = h // hkv
+    out = torch.empty(b, s, h, dv, dtype=q.dtype, device=q.device)
+    if b * s == 0:
+        return out
+    if n_pages == 0 or capacity == 0 or n_sel == 0:
+        return out.zero_()
+    from_keys = v_pool.shape[0] == 0
+    k_rows = k_pool.reshape(n_pages * page, hkv * dk)  # views of the pools: nothing copied
+    v_rows = None if from_keys else v_pool.reshape(n_pages * page, hkv * dv)
+    pages_of = block_table.long()
+    rows = _chunk_rows(s, b * n_sel * (hkv * (dk + dv) + 3 * h) * 4)
+    for start in range(0, s, rows):
+        stop = min(s, start + rows)
+        c = stop - start
+        idx = indices[:, start:stop].long()  # [B,c,K] logical positions
+        in_range = (idx >= 0) & (idx < capacity)
+        logical = torch.where(in_range, idx, 0)
+        page_id = pages_of.gather(1, (logical // page).reshape(b, -1)).view(b, c, n_sel)
+        valid = in_range & (page_id >= 0) & (page_id < n_pages)
+        if not bool(valid.any()):
+            out[:, start:stop] = 0
+            continue
+        used = int(valid.reshape(-1, n_sel).any(0).nonzero().max()) + 1
+        valid = valid[..., :used]
+        flat = torch.where(valid, page_id[..., :used] * page + logical[..., :used] % page, 0).reshape(-1)
+        k_sel = k_rows.index_select(0, flat).float().view(b, c, used, hkv, dk).transpose(2, 3)  # [B,c,Hkv,K,Dk]
+        if from_keys:
+            v_sel = k_sel[..., :dv]
+        else:
+            v_sel = v_rows.index_select(0, flat).float().view(b, c, used, hkv, dv).transpose(2, 3)
+        qg = (q[:, start:stop].float() * scale).reshape(b, c, hkv, group, dk)
+        logits = torch.matmul(qg, k_sel.transpose(-1, -2))  # [B,c,Hkv,G,K]
+        complete = bool(valid.all())
+        if not complete:
+            logits.masked_fill_(~valid[:, :, None, None, :], float("-inf"))
+            # Skipped slots read pool row 0, which may hold anything (NaN included): 0 * NaN is NaN.
+            v_sel = v_sel.masked_fill(~valid[:, :, None, :, None], 0.0)
+        probs = torch.softmax(logits, dim=-1)
+        if not complete:
+            probs.nan_to_num_(0.0)  # rows without a valid key -> 0
+        res = torch.matmul(probs, v_sel)  # [B,c,Hkv,G,Dv]
+        out[:, start:stop] = res.reshape(b, c, h, dv).to(q.dtype)
+    return out
+
+
+@sparse_attention_paged.register_fake
+def _sparse_attention_paged_fake(q, k_pool, v_pool, indices, block_table, scale):
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_pool.shape[3]))
 
 
 def _check_activation(activation: str) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK
+from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED
 from dsa_export.quantize.experts import (
     ExpertsTarget,
     MoEPlacement,
@@ -151,7 +151,8 @@ def plan(
     head_weight: set[int] = set()
     projections: set[int] = set()
     for i, node in enumerate(graph.node):
-        if node.domain == DOMAIN and node.op_type == INDEXER_TOPK.name and len(node.input) >= 3:
+        if node.domain == DOMAIN and node.op_type in (INDEXER_TOPK.name, INDEXER_TOPK_PAGED.name) \
+                and len(node.input) >= 3:
             placement.indexers.append(IndexerInputs(node_name(node, i), node.input[0], node.input[1], node.input[2]))
             head_weight |= upstream_matmuls(graph, node.input[2], op_types)
             if keep_indexer_projections:

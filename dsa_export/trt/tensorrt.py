@@ -130,8 +130,10 @@ def has_qdq(model: onnx.ModelProto) -> bool:
 
 
 def dsa_nodes(model: onnx.ModelProto) -> int:
-    """Number of ``dsa``-domain nodes the graph runs, counting those inside the other local functions it calls."""
-    from dsa_export.ops.contract import DOMAIN
+    """Number of ``dsa``-domain nodes with a plugin the graph runs, counting those inside the other
+    local functions it calls (ops without a plugin, such as the paged ones, always build their
+    function bodies and so become no plugin layer)."""
+    from dsa_export.ops.contract import DOMAIN, PLUGIN_OPS
 
     functions = {(f.domain, f.name): f for f in model.functions if f.domain != DOMAIN}
 
@@ -139,7 +141,7 @@ def dsa_nodes(model: onnx.ModelProto) -> int:
         total = 0
         for node in nodes:
             if node.domain == DOMAIN:
-                total += 1
+                total += node.op_type in PLUGIN_OPS
             elif (node.domain, node.op_type) in functions and (node.domain, node.op_type) not in seen:
                 key = (node.domain, node.op_type)
                 total += count(functions[key].node, (*seen, key))
@@ -149,14 +151,14 @@ def dsa_nodes(model: onnx.ModelProto) -> int:
 
 
 def strip_dsa_functions(model: onnx.ModelProto) -> int:
-    """Remove, in place, the ``dsa``-domain local functions (the O(S*T) bodies); returns how many.
+    """Remove, in place, the local functions of the ``dsa`` ops that have a plugin; returns how many.
 
-    With them gone a ``dsa`` node can only become a plugin layer: a parser that does not find the
-    registered plugin fails instead of building the body.
+    With them gone such a node can only become a plugin layer: a parser that does not find the
+    registered plugin fails instead of building the body. Ops without a plugin keep their bodies.
     """
-    from dsa_export.ops.contract import DOMAIN
+    from dsa_export.ops.contract import DOMAIN, PLUGIN_OPS
 
-    keep = [f for f in model.functions if f.domain != DOMAIN]
+    keep = [f for f in model.functions if f.domain != DOMAIN or f.name not in PLUGIN_OPS]
     removed = len(model.functions) - len(keep)
     if removed:
         del model.functions[:]

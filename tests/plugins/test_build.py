@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dsa_export.ops.contract import OPS
+from dsa_export.ops.contract import PLUGIN_OPS
 from dsa_export.plugins.library import exported_symbols
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_plugin_glue_compiles_against_tensorrt_headers(sm90_build):
     proc = subprocess.run([str(smoke), str(plugin), str(static_check)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: 0 failure(s)" in proc.stdout
-    for name in OPS:
+    for name in PLUGIN_OPS:
         assert f"PASS static registration: ({name}, 1, dsa) is found and reports namespace dsa" in proc.stdout, name
         assert f"PASS static registration: {name} is not registered under the empty namespace" in proc.stdout, name
 

@@ -28,7 +28,7 @@ import types
 
 import onnx
 
-from dsa_export.ops.contract import DOMAIN, OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from dsa_export.ops.contract import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_OPS, PLUGIN_VERSION
 
 #: Timing cache bytes the double cannot read / that another GPU wrote.
 UNREADABLE_CACHE = b"garbage"
@@ -44,7 +44,7 @@ def _enum(**members):
 
 
 def fake_tensorrt(version: str, plan: bytes | None = b"ftrt-fake-plan", plugin_ok: bool = True,
-                  library_creators: tuple[str, ...] = tuple(OPS), engine_plugin_layers: int | None = None,
+                  library_creators: tuple[str, ...] = tuple(PLUGIN_OPS), engine_plugin_layers: int | None = None,
                   profile_ok: bool = True):
     """A fake ``tensorrt`` of ``version``.
 

@@ -1,0 +1,163 @@
+"""ONNX function bodies of ``DSAIndexerTopKPaged`` and ``DSASparseAttentionPaged``, in bounded memory.
+
+The paged ops read their keys (and values) from a pool of pages through a per-row block table:
+logical key ``t`` of row ``b`` is ``pool[block_table[b, t // page], t % page]``. The bodies follow
+the contiguous ones of :mod:`dsa_export.ops.attention_onnx` (same chunking over queries in a
+``Loop``, same numerics, every shape a function of the input shapes, no termination condition):
+
+* indexer: the keys of every row are gathered once, page by page (``Gather`` of the block table's
+  pages: ``[B, M, page, D]``, the size of the contiguous op's ``k``), then each chunk of queries
+  scores ``[B, rows, H_I, M*page]`` and takes its ``TopK`` as the contiguous body does. Keys of
+  pages whose table entry lies outside ``[0, P)``, past ``lengths[b]`` or (causal) after the
+  query's position ``query_start[b] + s`` score ``-inf``;
+* attention: each chunk turns its ``[B, rows, K]`` logical indices into pool rows
+  (``page_id * page + t % page``) and gathers only those rows from the pools viewed as
+  ``[P*page, Hkv*D]`` tables: nothing of the pool is copied or cast whole, and no ``[B, S, K, D]``
+  or ``[B, S, T]`` tensor exists. Values from keys (``v_pool`` without pages) need no ``If``:
+  the chunk concatenates the first ``Dv`` key channels of ``N * (1 - has_v)`` rows with the value
+  rows of ``N * has_v`` gathered indices (``has_v = min(Pv, 1)``), exactly one of them non-empty.
+
+The pools must hold at least one page (``P >= 1``): invalid table entries gather page 0 (masked).
+"""
+
+from __future__ import annotations
+
+from onnx import AttributeProto, FunctionProto, TensorProto, helper
+
+from dsa_export.ops.attention_onnx import _chunk_rows, _chunking, _function, _loop, _one_d, _scalar, _unchunk
+from dsa_export.ops.contract import INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED
+from dsa_export.ops.onnx_graph import Body
+
+F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+
+
+def _dims(b: Body, *scalars: str) -> str:
+    return b("Concat", *(_one_d(b, x) for x in scalars), axis=0)
+
+
+def indexer_paged_function(opset: int) -> FunctionProto:
+    """Body of DSAIndexerTopKPaged."""
+    b = Body("idxp")
+    qf, wf = b("Cast", "q", to=F32), b("Cast", "w", to=F32)
+    q_shape, pool_shape = b("Shape", "q"), b("Shape", "k_pool")
+    batch, s_len, heads = _scalar(b, q_shape, 0), _scalar(b, q_shape, 1), _scalar(b, q_shape, 2)
+    n_pages, page, dim = _scalar(b, pool_shape, 0), _scalar(b, pool_shape, 1), _scalar(b, pool_shape, 2)
+    blocks = _scalar(b, b("Shape", "block_table"), 1)
+    t_len = b("Mul", blocks, page)  # logical key positions of a row: M * page
+    topk = b.ref("topk", AttributeProto.INT)
+    q_scaled = b("Mul", qf, b.ref("scale", AttributeProto.FLOAT))
+
+    # The row's keys through its block table, page by page; cast after the gather, so only the
+    # rows' pages are ever converted, never the pool.
+    table = b("Cast", "block_table", to=I64)  # [B,M]
+    page_ok = b("And", b("GreaterOrEqual", table, b.const(0)), b("Less", table, n_pages))
+    pages = b("Where", page_ok, table, b.const(0))
+    keys = b("Cast", b("Gather", "k_pool", pages, axis=0), to=F32)  # [B,M,page,D]
+    keys = b("Reshape", keys, _dims(b, batch, t_len, dim), allowzero=1)  # [B,T,D]
+    k_t = b("Unsqueeze", b("Transpose", keys, perm=[0, 2, 1]), b.const([1]))  # [B,1,D,T]
+    per_row = b("Mul", b("Mul", batch, heads), b("Add", t_len, topk))
+    rows, trips, offsets = _chunking(b, s_len, per_row)
+    last_row = b("Sub", s_len, b.const(1))
+
+    # What every chunk shares: key positions, which keys a row may select at all, the -inf padding.
+    key_pos = b("Unsqueeze", b("Range", b.const(0), t_len, b.const(1)), b.const([0]))  # [1,T]
+    key_ok = b("Reshape", b("Expand", b("Unsqueeze", page_ok, b.const([2])), _dims(b, batch, blocks, page)),
+               _dims(b, batch, t_len), allowzero=1)  # [B,T]: the key's page entry is valid
+    in_length = b("Less", key_pos, b("Unsqueeze", b("Cast", "lengths", to=I64), b.const([1])))  # [B,T]
+    selectable = b("Unsqueeze", b("And", key_ok, in_length), b.const([1]))  # [B,1,T]
+    first = b("Unsqueeze", b("Cast", "query_start", to=I64), b.const([1]))  # [B,1]
+    key_pos3 = b("Unsqueeze", key_pos, b.const([0]))  # [1,1,T]
+    not_causal = b("Equal", b.ref("causal", AttributeProto.INT), b.const(0))
+    neg_inf = b("Constant", value=helper.make_tensor("v", F32, [], [float("-inf")]))
+    topk_1d = _one_d(b, topk)
+    pad = b("Expand", neg_inf, b("Concat", _one_d(b, batch), _one_d(b, rows), topk_1d, axis=0))  # [B,rows,topk]
+
+    t = b.child("chunk")
+    iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
+    row = _chunk_rows(t, iteration, rows, offsets, last_row)  # [rows]
+    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
+    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([2]))  # [B,rows,1,H]
+    relu = t("Relu", t("MatMul", q_c, k_t))  # [B,rows,H,T]
+    scores = t("Squeeze", t("MatMul", w_c, relu), t.const([2]))  # [B,rows,T]
+    position = t("Unsqueeze", t("Add", first, t("Unsqueeze", row, t.const([0]))), t.const([2]))  # [B,rows,1]
+    causal_ok = t("LessOrEqual", key_pos3, position)  # [B,rows,T]
+    allowed = t("And", t("Or", causal_ok, not_causal), selectable)
+    padded = t("Concat", t("Where", allowed, scores, neg_inf), pad, axis=2)
+    top_val, top_idx = t("TopK", padded, topk_1d, axis=-1, largest=1, sorted=1, outputs=2)
+    chosen = t("Cast", t("Where", t("Greater", top_val, neg_inf), top_idx, t.const(-1)), to=I32)
+    stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
+    _unchunk(b, stacked, 3, s_len)
+    b.rename_last("indices")
+    return _function(INDEXER_TOPK_PAGED, b, opset)
+
+
+def sparse_attention_paged_function(opset: int) -> FunctionProto:
+    """Body of DSASparseAttentionPaged: per chunk of queries, the selected pool rows gathered once
+    per kv head."""
+    b = Body("sap")
+    q_shape, k_shape, v_shape = b("Shape", "q"), b("Shape", "k_pool"), b("Shape", "v_pool")
+    batch, s_len, heads, dk = (_scalar(b, q_shape, i) for i in range(4))
+    n_pages, page, hkv = (_scalar(b, k_shape, i) for i in range(3))
+    v_pages, dv = _scalar(b, v_shape, 0), _scalar(b, v_shape, 3)
+    blocks = _scalar(b, b("Shape", "block_table"), 1)
+    capacity = b("Mul", blocks, page)
+    k_sel_count = _scalar(b, b("Shape", "indices"), 2)
+    group = b("Div", heads, hkv)
+    qf = b("Cast", "q", to=F32)
+
+    # The pools as tables of rows (views for the runtime, nothing copied): keys [P*page, Hkv*Dk],
+    # values [Pv*page, Hkv, Dv] (no rows when the values come from the keys).
+    k_table = b("Reshape", "k_pool", _dims(b, b("Mul", n_pages, page), b("Mul", hkv, dk)), allowzero=1)
+    v_table = b("Reshape", "v_pool", _dims(b, b("Mul", v_pages, page), hkv, dv), allowzero=1)
+    has_v = b("Min", v_pages, b.const(1))
+    block_ids = b("Reshape", b("Cast", "block_table", to=I64), b.const([-1]))  # [B*M]
+    batch_offset = b("Reshape", b("Mul", b("Range", b.const(0), batch, b.const(1)), blocks), b.const([-1, 1, 1]))
+    per_row = b("Mul", b("Mul", batch, k_sel_count),
+                b("Add", b("Mul", hkv, b("Add", dk, dv)), b("Mul", heads, b.const(3))))
+    rows, trips, offsets = _chunking(b, s_len, per_row)
+    last_row = b("Sub", s_len, b.const(1))
+    n_rows = b("Mul", b("Mul", batch, rows), k_sel_count)  # gathered rows a chunk: N = B*rows*K
+    from_keys_rows = b("Mul", n_rows, b("Sub", b.const(1), has_v))  # N or 0
+    from_values_rows = b("Mul", n_rows, has_v)  # 0 or N
+    q_group_shape = _dims(b, batch, rows, hkv, group, dk)
+    out_shape = _dims(b, batch, rows, heads, dv)
+    k_sel_shape = _dims(b, batch, rows, k_sel_count, hkv, dk)
+    v_sel_shape = _dims(b, batch, rows, k_sel_count, hkv, dv)
+    k_rows_shape = _dims(b, n_rows, hkv, dk)
+    k_part_shape = _dims(b, from_keys_rows, hkv, dv)
+
+    t = b.child("chunk")
+    iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
+    row = _chunk_rows(t, iteration, rows, offsets, last_row)
+    idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
+    in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
+    logical = t("Where", in_range, idx, t.const(0))
+    block = t("Div", logical, page)  # block of the row's table
+    page_id = t("Gather", block_ids, t("Add", block, batch_offset), axis=0)  # [B,rows,K]
+    valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
+    pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
+    flat = t("Reshape", t("Where", valid, pool_row, t.const(0)), t.const([-1]))  # [N] rows of the tables
+    k_rows = t("Cast", t("Gather", k_table, flat, axis=0), to=F32)  # [N, Hkv*Dk]
+    k_sel = t("Transpose", t("Reshape", k_rows, k_sel_shape), perm=[0, 1, 3, 2, 4])  # [B,rows,Hkv,K,Dk]
+    # Values: the first Dv key channels of N rows (no value pages) or N gathered value rows.
+    k_part = t("Reshape", t("Slice", t("Reshape", k_rows, k_rows_shape), t.const([0, 0]),
+                            t("Concat", _one_d(t, from_keys_rows), _one_d(t, dv), axis=0), t.const([0, 2])),
+               k_part_shape, allowzero=1)
+    v_flat = t("Slice", flat, t.const([0]), _one_d(t, from_values_rows), t.const([0]))
+    v_part = t("Cast", t("Gather", v_table, v_flat, axis=0), to=F32)  # [N or 0, Hkv, Dv]
+    values = t("Concat", k_part, v_part, axis=0)  # [N, Hkv, Dv]
+    # Skipped slots read pool row 0, a page that may belong to no sequence: zero their values, so
+    # that whatever it holds (NaN included) meets a probability of 0 as a 0.
+    v_sel = t("Transpose", t("Reshape", values, v_sel_shape), perm=[0, 1, 3, 2, 4])  # [B,rows,Hkv,K,Dv]
+    v_sel = t("Where", t("Unsqueeze", valid, t.const([2, 4])), v_sel, t.const(0.0, F32))
+    q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])
+    logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
+               t.ref("scale", AttributeProto.FLOAT))  # [B,rows,Hkv,G,K]
+    valid_c = t("Unsqueeze", valid, t.const([2, 3]))  # [B,rows,1,1,K]
+    probs = t("Softmax", t("Where", valid_c, logits, t.const(-1e30, F32)), axis=-1)
+    any_valid = t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1)  # [B,rows,1,1,1]
+    chunk_out = t("Reshape", t("Mul", t("MatMul", probs, v_sel), any_valid), out_shape)  # [B,rows,H,Dv]
+    stacked = _loop(b, t, iteration, cond, chunk_out, F32, 4, trips)
+    b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
+    b.rename_last("out")
+    return _function(SPARSE_ATTENTION_PAGED, b, opset)
