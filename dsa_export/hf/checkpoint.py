@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import posixpath
 import stat
 import struct
 from collections.abc import Iterator
@@ -145,32 +144,21 @@ def shard_name(folder: Path, name: str, what: str) -> str:
     """``name`` normalized, refusing anything but a relative path to a ``.safetensors`` file inside ``folder``.
 
     ``what`` names where the name was read. Absolute paths, paths that leave ``folder`` through
-    ``..`` and symbolic links that resolve outside it are refused (the check of
+    ``..`` and symbolic links that resolve outside it are refused (by
     :func:`dsa_export.manifest.confined`), except the links of a Hugging Face hub cache snapshot
     (``models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/HASH``), which stay inside that
     model's own cache.
     """
+    from dsa_export.manifest import confined
+
     fix = _REDOWNLOAD_INDEX if what.startswith("field ") else "remove it or re-download the checkpoint"
-    if not name or "\x00" in name:
-        raise DSAUserError(f"{what} is {_short(name)!r}, not a file name; {fix}.")
-    text = name.replace("\\", "/")
-    if posixpath.isabs(text) or (len(text) > 1 and text[1] == ":"):
-        raise DSAUserError(f"{what} is the absolute path '{_short(name)}', but shards must lie inside the "
-                           f"checkpoint folder '{folder}'; {fix}.")
-    normal = posixpath.normpath(text)
-    if normal in (".", "..") or normal.startswith("../"):
-        raise DSAUserError(f"{what} is '{_short(name)}', which leads out of the checkpoint folder '{folder}'; {fix}.")
-    if not normal.endswith(".safetensors"):
-        raise DSAUserError(f"{what} is '{_short(name)}', not a .safetensors file; {fix}.")
     try:
         root = folder.resolve()
-        real = (folder / normal).resolve()
     except (OSError, RuntimeError) as exc:
-        raise DSAUserError(f"{what} is '{_short(name)}', which cannot be resolved ({exc}); {fix}.") from exc
-    if not any(real.is_relative_to(allowed) and real != allowed for allowed in _allowed_roots(root)):
-        raise DSAUserError(f"{what} is '{_short(name)}', a link to '{real}' outside the checkpoint folder "
-                           f"'{folder}'; put the file itself in the folder.")
-    return normal
+        raise DSAUserError(f"the checkpoint folder '{folder}' cannot be resolved ({exc}); {fix}.") from exc
+    path = confined(folder, name, what, remedy=fix, place=f"the checkpoint folder '{folder}'", suffix=".safetensors",
+                    also_inside=_allowed_roots(root)[1:], link_remedy="put the file itself in the folder")
+    return path.relative_to(folder).as_posix()
 
 
 def _allowed_roots(root: Path) -> list[Path]:

@@ -137,8 +137,13 @@ def _load_model(path: Path) -> onnx.ModelProto:
     register_schemas()
     if not path.is_file():
         raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file.")
+    from dsa_export.manifest import check_external_data
+
     try:
+        check_external_data(path, remedy="export the model again")
         model = onnx.load(str(path))
+    except DSAUserError:
+        raise
     except Exception as exc:
         raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
