@@ -13,6 +13,8 @@ from dsa_export.runtime.session import RUNTIME_CHOICES
 @click.command(name="generate")
 @click.argument("model_dir", metavar="DIR", type=click.Path(exists=True, path_type=Path))
 @click.option("--prompt", default=None, help="Text to continue (tokenized with the checkpoint's tokenizer.json).")
+@click.option("--prompt-file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt text from FILE ('-': standard input), for prompts too long for a command line.")
 @click.option("--input-ids", "input_ids", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Token ids to continue instead of --prompt: a .npy of integers, shape [B, L] (or [L]).")
 @click.option("--tokenizer", type=click.Path(exists=True, path_type=Path), default=None,
@@ -31,7 +33,7 @@ from dsa_export.runtime.session import RUNTIME_CHOICES
               help="Split the batch into parts that flow through the stages one after the other (stages overlap).")
 @click.option("--no-verify", is_flag=True, help="Open the files without checking their recorded sizes and sha256.")
 @json_options
-def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokenizer: Path | None, max_new_tokens: int,
+def command(model_dir: Path, prompt: str | None, prompt_file, input_ids: Path | None, tokenizer: Path | None, max_new_tokens: int,
             temperature: float, top_p: float, seed: int | None, runtime: str, ray_address: str | None,
             micro_batches: int, no_verify: bool, as_json: bool, json_out: Path | None) -> None:
     """Generate tokens from DIR: a stage build or stage export (pipeline.json), a build folder or a
@@ -46,8 +48,14 @@ def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokeniz
 
     from dsa_export.runtime import generate as gen
 
-    if (prompt is None) == (input_ids is None):
-        raise click.UsageError("give the prompt as --prompt TEXT or --input-ids FILE.npy (one of them).")
+    if sum(x is not None for x in (prompt, prompt_file, input_ids)) != 1:
+        raise click.UsageError("give the prompt as --prompt TEXT, --prompt-file FILE or --input-ids FILE.npy (one of "
+                               "them).")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read()
+        except UnicodeDecodeError as exc:
+            raise click.UsageError(f"--prompt-file is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     if temperature == 0 and (top_p != 1.0 or seed is not None):
         raise click.UsageError("--top-p and --seed apply to sampling; add --temperature T (> 0).")
     check_outputs((json_out, "--json-out"))
@@ -55,6 +63,11 @@ def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokeniz
     text_stream = None
     if prompt is not None:
         if tokenizer is None and checkpoint is None:
+            recorded = gen.recorded_checkpoint(model_dir)
+            if recorded is not None:
+                raise click.UsageError(f"{model_dir} was made from the checkpoint {recorded}, which is not there any "
+                                       "more (a copied or moved build); pass its tokenizer with --tokenizer FILE, or "
+                                       "token ids with --input-ids.")
             raise click.UsageError(f"{model_dir} records no Hugging Face checkpoint to take a tokenizer from; pass "
                                    "--tokenizer FILE or token ids with --input-ids.")
         tok = gen.load_tokenizer(tokenizer or checkpoint)  # type: ignore[arg-type]
@@ -86,8 +99,12 @@ def command(model_dir: Path, prompt: str | None, input_ids: Path | None, tokeniz
         result = gen.generate(model, ids, settings, on_tokens=stream)
     finally:
         model.close()
-    if text_stream is not None and not as_json:
-        click.echo()
+    if text_stream is not None:
+        tail = text_stream.flush()[0]
+        if not as_json:
+            click.echo(tail)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     batch = result.tokens.shape[0]
     timing = (f"prefill: {result.prompt_tokens} tokens in {result.prefill_seconds:.3f} s "
               f"({result.prefill_tokens_per_s:.1f} tokens/s); decode: {batch * result.steps} tokens in "

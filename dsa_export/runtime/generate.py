@@ -79,7 +79,7 @@ class GenerationResult:
         return {"tokens": self.tokens.tolist(), "prompt_tokens": self.prompt_tokens,
                 "prefill_seconds": round(self.prefill_seconds, 6), "decode_seconds": round(self.decode_seconds, 6),
                 "decode_steps": self.steps, "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
-                "decode_tokens_per_s": round(self.decode_tokens_per_s, 3)}
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "notes": list(self.notes)}
 
 
 def choose_tokens(logits: np.ndarray, settings: SamplingSettings, rng: np.random.Generator) -> np.ndarray:
@@ -124,6 +124,19 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
         raise DSAUserError(f"the prompt must be integer token ids of shape [batch, length]; got {prompt.dtype} "
                            f"{list(prompt.shape)}.")
     require_decode_graph(model)
+    notes: list[str] = []
+    steps = settings.max_new_tokens
+    limit = model.sequence_limit() if hasattr(model, "sequence_limit") else None
+    if limit is not None:
+        if prompt.shape[1] > limit:
+            raise DSAUserError(f"the prompt has {prompt.shape[1]} tokens but this build holds at most {limit} per "
+                               "sequence; shorten the prompt or build with a larger --max-seq.")
+        # The last chosen token is not fed back, so a sequence of `limit` tokens yields limit - L + 1.
+        room = limit - prompt.shape[1] + 1
+        if room < steps:
+            notes.append(f"stopped after {room} new tokens of the {steps} asked: this build holds at most {limit} "
+                         "tokens per sequence (build with a larger --max-seq for more)")
+            steps = room
     rng = np.random.default_rng(settings.seed)
     batch = prompt.shape[0]
     eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
@@ -135,7 +148,7 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
     generated: list[np.ndarray] = []
     prefill_s = decode_s = 0.0
     try:
-        for step in range(settings.max_new_tokens):
+        for step in range(steps):
             feeds = {"input_ids": ids, "attention_mask": np.ones((batch, total), dtype=np.int64)}
             began = time.perf_counter()
             logits = model.forward(feeds, slot, settings.micro_batches)["logits"]
@@ -158,7 +171,8 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
     finally:
         model.release(slot, settings.micro_batches)
     return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(prompt.size),
-                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1)
+                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1,
+                            notes=notes)
 
 
 # -- what a build came from: the tokenizer and the end-of-sequence ids -----------------------------
@@ -166,6 +180,13 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
 def checkpoint_dir(path: str | Path) -> Path | None:
     """The Hugging Face directory a pipeline folder, build folder or .onnx was made from (None for
     other models or when the recorded path is gone)."""
+    recorded = recorded_checkpoint(path)
+    return recorded if recorded is not None and recorded.is_dir() else None
+
+
+def recorded_checkpoint(path: str | Path) -> Path | None:
+    """The Hugging Face directory a pipeline folder, build folder or .onnx records it was made from,
+    whether or not it is still there (None when it records none)."""
     from dsa_export.export.exporter import META_SPEC
     from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, read_manifest
     from dsa_export.model_ref import ModelReference, from_metadata
@@ -187,29 +208,17 @@ def checkpoint_dir(path: str | Path) -> Path | None:
 
             meta = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
             reference = from_metadata(meta.get(META_SPEC), onnx_path.resolve().parent)
-    if reference is None or reference.kind != "hf" or not Path(reference.path).is_dir():
+    if reference is None or reference.kind != "hf":
         return None
     return Path(reference.path)
 
 
 def end_of_sequence(folder: Path | None) -> tuple[tuple[int, ...], int | None]:
-    """(eos ids, pad id) from the checkpoint's generation_config.json, else config.json."""
-    if folder is None:
-        return (), None
-    for name in ("generation_config.json", "config.json"):
-        path = folder / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            eos = data.get("eos_token_id")
-            if eos is None:
-                continue
-            ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
-            pad = data.get("pad_token_id")
-            return ids, int(pad) if isinstance(pad, int) else None
-    return (), None
+    """(eos ids, pad id) from the checkpoint's generation_config.json, else config.json (both
+    checked: an id that is not a token of the vocabulary is refused in one sentence)."""
+    from dsa_export.hf.config_schema import read_end_of_sequence
+
+    return read_end_of_sequence(folder)
 
 
 def load_tokenizer(path: Path):
@@ -267,10 +276,22 @@ class TextStream:
             self.seen[row] = text
         return out
 
+    def flush(self) -> list[str]:
+        """The text each sequence still holds back (an incomplete character at the end is given as
+        the decoder renders it, U+FFFD), so the streamed pieces add up to :meth:`generated`."""
+        out = []
+        for row, ids in enumerate(self.ids):
+            text = self._decode(ids)
+            out.append(text[len(self.seen[row]):] if text.startswith(self.seen[row]) else text)
+            self.seen[row] = text
+        return out
+
     def generated(self, row: int = 0) -> str:
-        """The text after the prompt so far."""
-        return self.seen[row][len(self.prompt[row]):]
+        """The text after the prompt (call :meth:`flush` first to include a held-back tail)."""
+        text = self._decode(self.ids[row])
+        return text[len(self.prompt[row]):] if text.startswith(self.prompt[row]) else text
 
 
 __all__ = ["GenerationResult", "SamplingSettings", "TextStream", "checkpoint_dir", "choose_tokens",
-           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids", "require_decode_graph"]
+           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids", "recorded_checkpoint",
+           "require_decode_graph"]

@@ -18,6 +18,7 @@ changes (e.g. query chunking, which bounds it to O(chunk x T)), change its formu
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,11 @@ GiB = 2**30
 #: arena rounding and the non-dsa nodes, so it refuses only what clearly cannot fit.
 HEADROOM = 0.9
 
+#: Standard-op intermediates counted as alive at the peak: the largest few values of the graph
+#: (an attention layer's query chain: projected, rotated, concatenated, transposed). Measured against
+#: the peak resident set of ONNX Runtime runs at three sizes (tests/runtime/test_memory_estimate.py).
+LIVE_INTERMEDIATES = 4
+
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1,
              19: 1, 20: 1, 21: 1, 22: 1}  # onnx.TensorProto data types -> bytes per element
 
@@ -42,12 +48,23 @@ def dsa_node_bytes(op_type: str, attrs: dict[str, Any], shapes: list[tuple[int, 
     formulas follow the current bodies (:mod:`dsa_export.ops.onnx_ops`, :mod:`dsa_export.ops.moe_onnx`),
     all intermediates in float32:
 
-    - ``DSAIndexerTopK(q [B,S,H,D], k [B,T,D], w [B,S,H])``: ``q.k`` for every indexer head,
-      ``[B,S,H,T]``, alive twice (MatMul, then the scaled/ReLU'd/weighted copies), then about six
-      ``[B,S,T+topk]`` score, mask and padded tensors: ``2*B*S*H*T*4 + 6*B*S*(T+topk)*4``.
-    - ``DSASparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v, indices)``: a ``[B,S,T+1]`` mask
-      scattered from the indices (float and bool, three copies), and logits ``[B,H,S,T]`` of which
-      three are alive (MatMul, Where, Softmax): ``3*B*H*S*T*4 + 3*B*S*(T+1)*4``.
+    - ``DSAIndexerTopK(q [B,S,H,D], k [B,T,D], w [B,S,H])``: the body works on chunks of ``rows``
+      queries, ``rows = clamp(CHUNK_ELEMENTS // (B*H*(T+topk)), 1, S)`` as the body picks it. Alive
+      at once: the float32 queries (cast and scaled, ``2*B*S*H*D``), the transposed keys
+      (``B*T*D``), one chunk's ``[B,rows,H,T]`` products (twice: MatMul, ReLU) and its
+      ``[B,rows,T+topk]`` score, mask and padded tensors (about four), and the selection three
+      times (the loop's stacked chunks, their reordered copy, the sliced result, ``B*S*topk``):
+      ``4 * (2*B*S*H*D + B*T*D + 2*rows*B*H*T + 4*rows*B*(T+topk) + 3*B*S*topk)``.
+    - ``DSASparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,Tv,Hkv,Dv], indices [B,S,K])``: the
+      body copies the keys (and values, when v has rows) into one row table (``B*T*Hkv*(Dk+Cv)``,
+      Cv = Dv or 0), casts the queries (``B*S*H*Dk``), holds the indices as int64 with their mask
+      (``17*B*S*K`` bytes), and per chunk of ``rows = clamp(CHUNK_ELEMENTS // (B*K*(Hkv*(Dk+Dv)+3H)),
+      1, S)`` queries the gathered rows and their key/value slices (three copies of
+      ``B*rows*K*Hkv*(Dk+Dv)``) and the logits/probabilities (three of ``B*rows*H*K``); the output
+      three times (``B*S*H*Dv``). No term grows with S x T.
+    - ``DSAIndexerTopKPaged`` / ``DSASparseAttentionPaged``: the same with T = M*page keys read
+      through the block table; the indexer gathers each row's pages once (``B*T*D``, three
+      times), the attention only the pool rows a chunk selected. No term grows with the pool.
     - ``DSABlockSparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], block_index
       [B,H,nqb,Kb])`` (attribute ``block_size`` bs): the body holds the scaled queries padded to
       ``nqb*bs`` rows and laid out in blocks (two copies), the keys and values as rows of one block
@@ -71,17 +88,55 @@ def dsa_node_bytes(op_type: str, attrs: dict[str, Any], shapes: list[tuple[int, 
         q, k = dims(0, 4), dims(1, 3)
         if q is None or k is None:
             return 0
-        b, s, h, _ = q
+        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
+
+        b, s, h, d = q
         t = k[1]
         topk = int(attrs.get("topk", 0))
-        return 2 * b * s * h * t * F32 + 6 * b * s * (t + topk) * F32
+        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * h * (t + topk))))
+        return F32 * (2 * b * s * h * d + b * t * d + 2 * rows * b * h * t + 4 * rows * b * (t + topk)
+                      + 3 * b * s * topk)
     if op_type == "DSASparseAttention":
-        q, k = dims(0, 4), dims(1, 4)
+        q, k, v, index = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 3)
         if q is None or k is None:
             return 0
-        b, s, h, _ = q
-        t = k[1]
-        return 3 * b * h * s * t * F32 + 3 * b * s * (t + 1) * F32
+        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
+
+        b, s, h, dk = q
+        t, hkv = k[1], k[2]
+        dv = v[3] if v is not None else dk
+        cv = dv if v is not None and v[1] > 0 else 0
+        k_sel = index[2] if index is not None else t
+        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * k_sel * (hkv * (dk + dv) + 3 * h))))
+        return (F32 * (b * t * hkv * (dk + cv) + b * s * h * dk + 3 * rows * b * k_sel * hkv * (dk + dv)
+                       + 3 * rows * b * h * k_sel + 3 * b * s * h * dv) + 17 * b * s * k_sel)
+    if op_type == "DSAIndexerTopKPaged":
+        # The body gathers each row's pages once ([B,M,page,D]), then scores chunks as above.
+        q, pool, table = dims(0, 4), dims(1, 3), dims(3, 2)
+        if q is None or pool is None or table is None:
+            return 0
+        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
+
+        b, s, h, d = q
+        t = table[1] * pool[1]
+        topk = int(attrs.get("topk", 0))
+        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * h * (t + topk))))
+        return F32 * (2 * b * s * h * d + 3 * b * t * d + 2 * rows * b * h * t + 6 * rows * b * (t + topk)
+                      + 4 * b * s * topk)
+    if op_type == "DSASparseAttentionPaged":
+        # Per chunk: the selected pool rows only (the pools are viewed, never copied).
+        q, k_pool, v_pool, index, table = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 3), dims(4, 2)
+        if q is None or k_pool is None:
+            return 0
+        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
+
+        b, s, h, dk = q
+        hkv = k_pool[2]
+        dv = v_pool[3] if v_pool is not None else dk
+        k_sel = index[2] if index is not None else (table[1] * k_pool[1] if table is not None else 1)
+        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * k_sel * (hkv * (dk + dv) + 3 * h))))
+        return (F32 * (b * s * h * dk + 4 * rows * b * k_sel * hkv * (dk + dv) + 3 * rows * b * h * k_sel
+                       + 3 * b * s * h * dv) + 56 * rows * b * k_sel)
     if op_type == "DSABlockSparseAttention":
         q, k, v, index = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 4)
         if q is None or k is None or v is None:
@@ -116,24 +171,34 @@ class MemoryEstimate:
     activations: int
     io: int
     worst_node: str | None
+    #: The largest standard-op intermediates alive next to the dsa node (see :data:`LIVE_INTERMEDIATES`).
+    intermediates: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.activations + self.io
+        return self.weights + self.activations + self.io + self.intermediates
 
     def describe(self) -> str:
         node = f" in {self.worst_node}" if self.worst_node else ""
         return (f"{self.total / GiB:.1f} GiB ({self.weights / GiB:.2f} GiB of weights, "
-                f"{self.activations / GiB:.1f} GiB of attention scores{node})")
+                f"{self.activations / GiB:.1f} GiB of attention scores{node}, "
+                f"{(self.io + self.intermediates) / GiB:.1f} GiB of inputs, outputs and intermediates)")
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_dim(text: str) -> ast.Expression | None:
+    try:
+        return ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
 
 
 def _evaluate_dim(text: str, sizes: dict[str, int]) -> int | None:
     """A symbolic dim (``sequence``, ``past + sequence``) with ``sizes`` put in; None if unknown."""
     if text in sizes:
         return int(sizes[text])
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
+    tree = _parse_dim(text)
+    if tree is None:
         return None
 
     def value(node) -> int | None:
@@ -159,21 +224,45 @@ def _evaluate_dim(text: str, sizes: dict[str, int]) -> int | None:
     return value(tree)
 
 
-def _shape(value_type, sizes: dict[str, int]) -> tuple[int, ...] | None:
+
+
+def _dims(value_type) -> tuple | None:
+    """The dims of a value's type: sizes, symbolic names, None where unknown (None: no shape)."""
     tensor = value_type.tensor_type
     if not tensor.HasField("shape"):
         return None
-    out = []
+    return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+
+
+def _resolve(dims: tuple | None, sizes: dict[str, int]) -> tuple[int, ...] | None:
+    if dims is None:
+        return None
     largest = max(sizes.values(), default=1)
-    for dim in tensor.shape.dim:
-        if dim.HasField("dim_value"):
-            out.append(int(dim.dim_value))
-        elif dim.dim_param:
-            size = _evaluate_dim(dim.dim_param, sizes)
-            out.append(largest if size is None else size)  # unknown: as large as the largest asked
+    out = []
+    for dim in dims:
+        if isinstance(dim, int):
+            out.append(dim)
         else:
-            out.append(largest)
+            size = _evaluate_dim(dim, sizes) if dim else None
+            out.append(largest if size is None else size)  # unknown: as large as the largest asked
     return tuple(out)
+
+
+def _resolve_known(dims: tuple | None, sizes: dict[str, int]) -> tuple[int, ...] | None:
+    """``dims`` with ``sizes`` put in, or None when a dim is unknown."""
+    if dims is None:
+        return None
+    out = []
+    for dim in dims:
+        size = dim if isinstance(dim, int) else (_evaluate_dim(dim, sizes) if dim else None)
+        if size is None:
+            return None
+        out.append(size)
+    return tuple(out)
+
+
+def _shape(value_type, sizes: dict[str, int]) -> tuple[int, ...] | None:
+    return _resolve(_dims(value_type), sizes)
 
 
 def _numel(shape) -> int:
@@ -191,43 +280,77 @@ def weight_bytes(model) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class GraphMemory:
+    """What :meth:`estimate` needs from a graph, read once (a runtime keeps it for every call
+    instead of parsing the model again)."""
+
+    weights: int
+    #: (input name, dims) of the graph inputs that are not initializers.
+    inputs: tuple[tuple[str, tuple | None], ...]
+    #: (op type, label, attributes, input dims) of every dsa node.
+    nodes: tuple[tuple[str, str, dict[str, Any], tuple[tuple | None, ...]], ...]
+    #: (dims, bytes per element) of the graph inputs and outputs.
+    io: tuple[tuple[tuple | None, int], ...]
+    #: (dims, bytes per element) of the graph's other intermediate values (value_info).
+    values: tuple[tuple[tuple | None, int], ...] = ()
+
+    @classmethod
+    def of(cls, model) -> GraphMemory:
+        """From an ONNX ModelProto (external data need not be loaded)."""
+        from onnx import helper
+
+        types = {v.name: v.type for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
+        nodes = []
+        for node in model.graph.node:
+            if node.domain != "dsa":
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            label = f"{node.op_type} '{node.name}'" if node.name else node.op_type
+            nodes.append((node.op_type, label, attrs,
+                          tuple(_dims(types[name]) if name in types else None for name in node.input)))
+        initializers = {t.name for t in model.graph.initializer}
+        inputs = tuple((v.name, _dims(v.type)) for v in model.graph.input if v.name not in initializers)
+        io = tuple((_dims(v.type), _ITEMSIZE.get(v.type.tensor_type.elem_type, 4))
+                   for v in (*model.graph.input, *model.graph.output) if v.name not in initializers)
+        values = tuple((_dims(v.type), _ITEMSIZE.get(v.type.tensor_type.elem_type, 4)) for v in model.graph.value_info)
+        return cls(weight_bytes(model), inputs, tuple(nodes), io, values)
+
+    def sizes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """``{dim name: size}`` from concrete input shapes matched against the symbolic inputs."""
+        sizes: dict[str, int] = {}
+        for name, dims in self.inputs:
+            shape = shapes.get(name)
+            if shape is None or dims is None:
+                continue
+            for dim, size in zip(dims, shape):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, int(size))
+        return sizes
+
+    def estimate(self, sizes: dict[str, int]) -> MemoryEstimate:
+        worst, worst_node = 0, None
+        for op_type, label, attrs, dims in self.nodes:
+            need = dsa_node_bytes(op_type, attrs, [_resolve(d, sizes) for d in dims])
+            if need > worst:
+                worst, worst_node = need, label
+        io = sum(_numel(shape) * itemsize for dims, itemsize in self.io
+                 if (shape := _resolve(dims, sizes)) is not None)
+        # Only values whose every dim is known: an unknown one would be guessed as the largest size.
+        largest = sorted((_numel(shape) * itemsize for dims, itemsize in self.values
+                          if (shape := _resolve_known(dims, sizes)) is not None), reverse=True)
+        return MemoryEstimate(self.weights, worst, io, worst_node, sum(largest[:LIVE_INTERMEDIATES]))
+
+
 def dims_of(model, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     """``{dim name: size}`` from concrete input shapes matched against the graph's symbolic inputs."""
-    sizes: dict[str, int] = {}
-    for value in model.graph.input:
-        shape = shapes.get(value.name)
-        if shape is None:
-            continue
-        for dim, size in zip(value.type.tensor_type.shape.dim, shape):
-            if dim.dim_param:
-                sizes.setdefault(dim.dim_param, int(size))
-    return sizes
+    return GraphMemory.of(model).sizes(shapes)
 
 
 def estimate(model, sizes: dict[str, int]) -> MemoryEstimate:
     """The memory ONNX Runtime's CPU provider needs to run ``model`` (a ModelProto, external data not
     loaded) with its symbolic dims set to ``sizes``."""
-    from onnx import helper
-
-    types = {v.name: v.type for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
-    worst, worst_node = 0, None
-    for node in model.graph.node:
-        if node.domain != "dsa":
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        shapes = [_shape(types[name], sizes) if name in types else None for name in node.input]
-        need = dsa_node_bytes(node.op_type, attrs, shapes)
-        if need > worst:
-            worst, worst_node = need, f"{node.op_type} '{node.name}'" if node.name else node.op_type
-    io = 0
-    initializers = {t.name for t in model.graph.initializer}
-    for value in (*model.graph.input, *model.graph.output):
-        if value.name in initializers:
-            continue
-        shape = _shape(value.type, sizes)
-        if shape is not None:
-            io += _numel(shape) * _ITEMSIZE.get(value.type.tensor_type.elem_type, 4)
-    return MemoryEstimate(weight_bytes(model), worst, io, worst_node)
+    return GraphMemory.of(model).estimate(sizes)
 
 
 def available_memory() -> tuple[int, str]:
@@ -276,5 +399,5 @@ def require_fits(need: MemoryEstimate, what: str, *, fix: str) -> None:
         )
 
 
-__all__ = ["MemoryEstimate", "available_memory", "dims_of", "dsa_node_bytes", "estimate", "require_fits",
+__all__ = ["GraphMemory", "MemoryEstimate", "available_memory", "dims_of", "dsa_node_bytes", "estimate", "require_fits",
            "weight_bytes"]

@@ -48,7 +48,7 @@ def external_data_bytes(path: str | Path, model_bytes: bytes | None = None) -> i
                  else onnx.load(str(path), load_external_data=False))
     except Exception:  # ONNX Runtime reports an unreadable file itself
         return 0
-    folder = Path(path).resolve().parent
+    folder = data_folder(path)
     locations = {entry.value for tensor in model.graph.initializer for entry in tensor.external_data
                  if entry.key == "location"}
     return sum((folder / name).stat().st_size for name in locations if (folder / name).is_file())
@@ -105,6 +105,7 @@ def session(
     import onnxruntime as ort
 
     quiet.quiet_onnxruntime(ort)
+    _check_external_data(path, model_bytes, REFUSED_EXPORT)
     model_bytes = onnxruntime_model_bytes(path, model_bytes) or model_bytes
     options = ort.SessionOptions()
     options.log_severity_level = quiet.ort_severity()
@@ -115,13 +116,40 @@ def session(
     target: str | bytes = str(path)
     if model_bytes is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                         str(Path(path).resolve().parent))
+                                         str(data_folder(path)))
         target = model_bytes
     try:
         return ort.InferenceSession(target, sess_options=options, providers=list(providers))
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DSAUserError(f"ONNX Runtime cannot load '{path}': {first}") from exc
+
+
+#: The advice after a refusal of :func:`_check_external_data`, for a file the user names and for a build.
+REFUSED_EXPORT = "export the model again"
+
+
+def data_folder(path: str | Path) -> Path:
+    """The folder ONNX Runtime reads the external data of ``path`` from: the file's own folder (a
+    link to the file is not followed, as ONNX Runtime does not follow it), resolved."""
+    return Path(path).absolute().parent.resolve()
+
+
+def _check_external_data(path: str | Path, model_bytes: bytes | None, remedy: str) -> None:
+    """Before ONNX Runtime opens ``path`` (or ``model_bytes``, whose external data is read beside
+    ``path``): every external data location lies inside that folder and every tensor's bytes lie
+    within its data file (:func:`dsa_export.manifest.check_external_data`). ONNX Runtime refuses
+    locations out of the folder itself only from 1.32 on; this holds for every supported version."""
+    import onnx
+
+    from dsa_export.manifest import check_external_data
+
+    try:
+        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
+                 else onnx.load(str(path), load_external_data=False))
+    except Exception:  # ONNX Runtime reports an unreadable file itself
+        return
+    check_external_data(path, model, remedy=remedy)
 
 
 def polygraphy_runner(path: str | Path, name: str = "onnxruntime", model_bytes: bytes | None = None):
@@ -162,6 +190,7 @@ class OrtSession(Session):
         self.ort_session = ort_session
         self.enforce_profile = enforce_profile
         self.graph_path = graph_path
+        self._graph_memory = None
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         if self.enforce_profile and self.manifest is not None:  # what the build declared and validated
@@ -172,21 +201,27 @@ class OrtSession(Session):
     def check_memory(self, shapes: dict[str, tuple[int, ...]]) -> None:
         if self.graph_path is None or "CPUExecutionProvider" != self.ort_session.get_providers()[0]:
             return
-        import onnx
+        from dsa_export.runtime.memory import GraphMemory, require_fits
 
-        from dsa_export.runtime.memory import dims_of, estimate, require_fits
+        if self._graph_memory is None:  # read once: a decode loop checks every step
+            import onnx
 
-        model = onnx.load(str(self.graph_path), load_external_data=False)
-        sizes = dims_of(model, shapes)
+            self._graph_memory = GraphMemory.of(onnx.load(str(self.graph_path), load_external_data=False))
+        sizes = self._graph_memory.sizes(shapes)
         asked = ", ".join(f"{name}={size}" for name, size in sizes.items())
-        require_fits(estimate(model, sizes), f"running {asked or 'these inputs'} on ONNX Runtime's CPU provider",
+        require_fits(self._graph_memory.estimate(sizes),
+                     f"running {asked or 'these inputs'} on ONNX Runtime's CPU provider",
                      fix="ask for smaller dims (--dims) or run the engine on a GPU")
 
-    def _run(self, feeds):
+    def _options(self):
         import onnxruntime as ort
 
         options = ort.RunOptions()
         options.log_severity_level = quiet.ort_severity()
+        return options
+
+    def _run(self, feeds):
+        options = self._options()
 
         def stop() -> None:
             options.terminate = True
@@ -195,6 +230,62 @@ class OrtSession(Session):
             outputs = self.ort_session.run([o.name for o in self.outputs], dict(feeds), options)
         interrupts.raise_if_cancelled()
         return {spec.name: value for spec, value in zip(self.outputs, outputs)}
+
+    def run_resident(self, feeds: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+        """Run with inputs that may be this session's own earlier outputs, kept as ONNX Runtime
+        values (the decode caches a pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`);
+        the outputs named in ``keep`` come back as such values, the others as numpy. Through IO
+        binding: a kept cache is never copied into or out of numpy between steps. Host inputs are
+        checked as :meth:`run` checks them; kept ones are the session's own outputs."""
+        import numpy as np
+        import onnxruntime as ort
+
+        from dsa_export.errors import as_user_error
+        from dsa_export.manifest import check_feeds
+
+        if self.ort_session.get_providers()[0] != "CPUExecutionProvider":  # values would live on a device
+            out = self.run({name: value.numpy() if isinstance(value, ort.OrtValue) else value
+                            for name, value in feeds.items()})
+            return out
+        shapes = {name: tuple(value.shape()) if isinstance(value, ort.OrtValue) else tuple(np.shape(value))
+                  for name, value in feeds.items()}
+        names = {spec.name for spec in self.inputs}
+        unknown = sorted(set(feeds) - names)
+        if unknown:
+            raise DSAUserError(f"unknown input(s) {unknown}; this model takes {', '.join(sorted(names))}.")
+        self.check_shapes(shapes)
+        host = {name: value for name, value in feeds.items() if not isinstance(value, ort.OrtValue)}
+        host = check_feeds([spec for spec in self.inputs if spec.name in host], host, "the model")
+        self.check_memory(shapes)
+        binding = self.ort_session.io_binding()
+        alive = []  # the host arrays must outlive the run
+        for name, value in {**feeds, **host}.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                array = np.ascontiguousarray(value)
+                alive.append(array)
+                binding.bind_cpu_input(name, array)
+        for spec in self.outputs:
+            binding.bind_output(spec.name, "cpu")
+        options = self._options()
+
+        def stop() -> None:
+            options.terminate = True
+
+        try:
+            with interrupts.on_cancel(stop):
+                self.ort_session.run_with_iobinding(binding, options)
+            interrupts.raise_if_cancelled()
+        except DSAUserError:
+            raise
+        except Exception as exc:
+            mapped = as_user_error(exc, "running the model on these inputs")
+            if mapped is None:
+                raise
+            raise mapped from exc
+        values = binding.get_outputs()
+        return {spec.name: value if spec.name in keep else value.numpy() for spec, value in zip(self.outputs, values)}
 
 
 class OnnxFileSession:
@@ -327,11 +418,12 @@ class ArtifactSession:
         # The CPU and CUDA chains load the optimized model (bodies inlined, trimmed attention
         # already) or, where none was saved, the plain file: that one gets the trimmed body in
         # memory. The TensorRT chain keeps the file's bodies, which TensorRT builds.
+        _check_external_data(model, None, REBUILD)
         swapped = None if providers[0] == "TensorrtExecutionProvider" else onnxruntime_model_bytes(model)
         weights_in_place(options, model, swapped)
         if swapped is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                             str(model.resolve().parent))
+                                             str(data_folder(model)))
             target = swapped
         try:
             ort_session = ort.InferenceSession(target, sess_options=options, providers=providers,

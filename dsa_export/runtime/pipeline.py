@@ -92,7 +92,7 @@ class LocalStage:
 
     def describe(self) -> dict[str, Any]:
         return {"stage": self.index, "runtime": self.session.kind, "device": self.device,
-                "notes": list(self.session.notes)}
+                "notes": list(self.session.notes), "sequence_limit": _sequence_limit(self.session)}
 
     def run(self, feeds: dict[str, np.ndarray], slot: str | None, *upstream: dict[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
@@ -361,9 +361,19 @@ class PipelineSession(Session):
     def describe(self) -> list[dict[str, Any]]:
         return [handle.describe() for handle in self.handles]
 
+    def sequence_limit(self) -> int | None:
+        """The most tokens a sequence may hold in every stage (the smallest stage limit)."""
+        limits = [d.get("sequence_limit") for d in self.describe() if d.get("sequence_limit") is not None]
+        return min(limits) if limits else None
+
     def close(self) -> None:
         for handle in self.handles:
             handle.close()
+
+
+def _sequence_limit(session: Session) -> int | None:
+    limit = getattr(session, "sequence_limit", None)
+    return limit() if callable(limit) else None
 
 
 def _where(session: Session) -> str:

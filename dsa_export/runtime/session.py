@@ -72,6 +72,14 @@ class Session:
     def check_memory(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Refuse shapes whose run cannot fit in this machine's memory (CPU runtimes only)."""
 
+    def sequence_limit(self) -> int | None:
+        """The most tokens one sequence may hold (prompt and generated), as the build's profiles
+        allow (``total_sequence``); None when nothing bounds it (an .onnx on ONNX Runtime)."""
+        if self.manifest is None:
+            return None
+        limits = [dims["total_sequence"][2] for dims in self.manifest.profile_sets if "total_sequence" in dims]
+        return max(limits) if limits else None
+
     def dim_names(self) -> set[str]:
         """The named dynamic dims of the inputs (what ``--dims`` may set)."""
         return {d for spec in self.inputs for d in spec.shape if isinstance(d, str)}
@@ -85,7 +93,7 @@ class Session:
                                 f"{known}).")
         sizes = dict(self.manifest.opt_dims()) if self.manifest is not None else {}
         sizes.update(dims or {})
-        return make_inputs(self.inputs, sizes, seed)
+        return make_inputs(self.inputs, sizes, seed, before=self.check_memory)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from onnx import TensorProto, helper
 
 from dsa_export.ops.block_onnx import CHUNK_ELEMENTS
@@ -52,3 +53,59 @@ def test_estimate_names_the_block_sparse_node_of_a_graph():
     need = estimate(model, {"B": 1, "S": 8192, "N": 128})
     assert need.worst_node == "DSABlockSparseAttention 'attn'"
     assert need.activations == _block_bytes(1, 8192, 8192, 16, 1, 64, 64, 64, 13)
+
+
+def _peak_probe(path: str, batch: int, seq: int) -> dict:
+    """One prefill call of a decode graph in a fresh process: the estimate and the measured peak
+    growth of the resident set during the call (/proc high-water mark)."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import json, numpy as np, onnx
+from dsa_export.bench.memory import measure_peak_rss
+from dsa_export.runtime import load
+from dsa_export.runtime.memory import GraphMemory
+sess = load({path!r}, "onnxruntime")
+b, s = {batch}, {seq}
+feeds = {{"input_ids": np.random.default_rng(0).integers(2, 100, (b, s)), "attention_mask": np.ones((b, s), np.int64)}}
+for spec in sess.inputs:
+    if spec.name.startswith("past_"):
+        feeds[spec.name] = np.zeros((b, 0, spec.shape[2]), np.float32)
+sess.run({{k: (v[:, :8] if k in ("input_ids", "attention_mask") else v) for k, v in feeds.items()}})  # warm-up
+graph = GraphMemory.of(onnx.load({path!r}, load_external_data=False))
+need = graph.estimate(graph.sizes({{k: v.shape for k, v in feeds.items()}}))
+_, peak = measure_peak_rss(lambda: sess.run(feeds))
+print(json.dumps({{"estimate": need.total - need.weights, "measured": peak}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_estimate_matches_the_measured_peak_of_a_decode_graph(tmp_path):
+    """The estimate (dsa node + inputs/outputs + the largest intermediates, weights excluded: they
+    are resident before the call) is held against ONNX Runtime's measured peak at three sizes of a
+    model with DeepSeek-V3.2's cache width (576), so `run` and `generate` refuse only what cannot
+    fit and never accept what clearly cannot."""
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    from dsa_export.bench.memory import peak_rss_supported
+    from tests.hf.conftest import make_checkpoint
+
+    if not peak_rss_supported():
+        pytest.skip("the peak resident set cannot be reset and read here")
+    checkpoint = make_checkpoint(tmp_path, "deepseek_v32", layers=2, index_topk=64, num_attention_heads=8,
+                                 num_key_value_heads=8, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=64,
+                                 index_head_dim=128, hidden_size=128, vocab_size=256)
+    from dsa_export.cli.main import main
+
+    onnx_path = tmp_path / "decode.onnx"
+    with pytest.raises(SystemExit) as done:
+        main(["export", str(checkpoint), "--graph", "decode", "--dtype", "fp32", "-o", str(onnx_path)])
+    assert done.value.code in (0, None)
+    ratios = []
+    for batch, seq in ((1, 1024), (2, 2048), (2, 4096)):
+        probe = _peak_probe(str(onnx_path), batch, seq)
+        assert probe["measured"] > 20 * 2**20, probe  # large enough to read above the allocator's noise
+        ratios.append(probe["estimate"] / probe["measured"])
+    assert all(0.6 <= r <= 1.8 for r in ratios), ratios

@@ -425,3 +425,130 @@ def test_ray_missing_says_what_to_install(builds, tmp_path, monkeypatch):
     result = _cli("generate", out, "--input-ids", tmp_path / "ids.npy", "--ray", "auto")
     assert result.exit_code == 1 and 'pip install "dsa-export[ray]"' in result.output
     assert "Traceback" not in result.output
+
+
+class _Limited:
+    """A one-stage decode model whose next token is always 3 and whose build holds 8 tokens per
+    sequence (a test double of a build's profile limit)."""
+
+    kind, notes = "limited", []
+    inputs = [TensorSpec("input_ids", "int64", ("batch", "sequence")),
+              TensorSpec("attention_mask", "int64", ("batch", "total_sequence")),
+              TensorSpec("past_k", "float32", ("batch", "past_sequence", 2))]
+    outputs = [TensorSpec("logits", "float32", ("batch", "sequence", 5)),
+               TensorSpec("present_k", "float32", ("batch", "total_sequence", 2))]
+
+    def sequence_limit(self):
+        return 8
+
+    def run(self, feeds):
+        b, s = feeds["input_ids"].shape
+        assert feeds["attention_mask"].shape[1] <= 8, "fed past the build's limit"
+        logits = np.zeros((b, s, 5), np.float32)
+        logits[..., 3] = 1
+        return {"logits": logits, "present_k": np.concatenate([feeds["past_k"], np.zeros((b, s, 2))], 1)}
+
+    def close(self):
+        pass
+
+
+def test_generate_stops_at_the_builds_limit_with_a_note():
+    model = PipelineSession.of_session(_Limited())
+    assert model.sequence_limit() == 8
+    result = generate(model, np.zeros((2, 5), np.int64), SamplingSettings(max_new_tokens=10))
+    # 5 prompt tokens + 3 fed back = 8 held; the 4th chosen token is never fed.
+    assert result.tokens.shape == (2, 4)
+    assert len(result.notes) == 1 and "stopped after 4 new tokens of the 10 asked" in result.notes[0]
+    report = result.to_dict()
+    assert report["tokens"] == [[3] * 4] * 2 and report["notes"] == result.notes
+    assert not generate(model, np.zeros((1, 5), np.int64), SamplingSettings(max_new_tokens=4)).notes
+    with pytest.raises(DSAUserError, match="the prompt has 9 tokens but this build holds at most 8"):
+        generate(model, np.zeros((1, 9), np.int64), SamplingSettings(max_new_tokens=1))
+
+
+def test_a_prompt_longer_than_the_build_is_refused_before_running(builds, tmp_path):
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
+    limit = PipelineSession.open(out, "onnxruntime")
+    try:
+        most = limit.sequence_limit()
+    finally:
+        limit.close()
+    assert most is not None
+    np.save(tmp_path / "ids.npy", np.ones((1, most + 1), np.int64))
+    result = _cli("generate", out, "--input-ids", tmp_path / "ids.npy", "--json")
+    assert result.exit_code == 1 and f"holds at most {most} per sequence" in result.output
+    assert "Traceback" not in result.output
+
+
+class _Bytes:
+    """A byte-level decoder: ids are bytes, decoded as UTF-8 with U+FFFD for broken sequences."""
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_stream_flushes_an_incomplete_character_at_the_end():
+    from dsa_export.runtime.generate import TextStream
+
+    stream = TextStream(_Bytes(), np.array([list(b"ab")]))
+    euro = list("€".encode())  # 3 bytes
+    pieces = [stream.push([b])[0] for b in [ord("c"), *euro, euro[0]]]
+    assert pieces == ["c", "", "", "€", ""]  # the last byte starts a character that never ends
+    assert stream.flush() == ["\ufffd"]
+    assert "".join(pieces) + "\ufffd" == stream.generated() == "c€\ufffd"
+    assert stream.flush() == [""]
+
+
+def test_generate_reads_the_prompt_from_a_file_or_stdin(builds, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(128)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    _checkpoint, out, _stages = builds["deepseek_v32", 2]
+    (tmp_path / "prompt.txt").write_text("w5 w17 w3 w99", encoding="utf-8")
+    common = ["--tokenizer", tmp_path / "tokenizer.json", "--max-new-tokens", "3", "--json"]
+    from_file = _cli("generate", out, "--prompt-file", tmp_path / "prompt.txt", *common)
+    assert from_file.exit_code == 0, from_file.output
+    from_arg = _cli("generate", out, "--prompt", "w5 w17 w3 w99", *common)
+    want = json.loads(from_arg.stdout)
+    got = json.loads(from_file.stdout)
+    assert got["tokens"] == want["tokens"] and got["text"] == want["text"] and got["prompt_ids"] == [[5, 17, 3, 99]]
+    import subprocess
+    import sys
+
+    piped = subprocess.run([sys.executable, "-m", "dsa_export", *(str(a) for a in ["generate", out, "--prompt-file",
+                                                                                  "-", *common])],
+                           input="w5 w17 w3 w99", capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["tokens"] == want["tokens"]
+    both = _cli("generate", out, "--prompt", "w1", "--prompt-file", tmp_path / "prompt.txt")
+    assert both.exit_code == 2 and "one of them" in both.output
+
+
+def test_a_copied_build_says_its_checkpoint_is_gone(builds, tmp_path):
+    checkpoint, out, _stages = builds["deepseek_v32", 2]
+    from dsa_export.runtime.generate import recorded_checkpoint
+
+    recorded = recorded_checkpoint(out)
+    assert recorded is not None and recorded.resolve() == checkpoint.resolve()
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    moved = tmp_path / "moved-checkpoint"
+    shutil.copytree(checkpoint, moved)
+    # The copy records the original checkpoint by path; pretend it was moved away.
+    import dsa_export.runtime.generate as gen
+
+    real = gen.recorded_checkpoint
+    gone = tmp_path / "gone"
+    result = None
+    try:
+        gen.recorded_checkpoint = lambda path: gone  # type: ignore[assignment]
+        result = _cli("generate", copy, "--prompt", "hello")
+    finally:
+        gen.recorded_checkpoint = real  # type: ignore[assignment]
+    assert result.exit_code == 2
+    assert f"was made from the checkpoint {gone}, which is not there any more" in result.output
+    assert "--tokenizer" in result.output
