@@ -152,7 +152,7 @@ CASES: list[tuple[str, int, str]] = [
     ("build {w}/model.onnx --gpus 2 -o {w}/out/b", 2, "apply to stage builds"),
     ("build {w}/foreign --stages x -o {w}/out/st", 2, "neither auto nor a stage count"),
     # generate
-    ("generate {w}/model.onnx", 2, "--prompt TEXT or --input-ids"),
+    ("generate {w}/model.onnx", 2, "--prompt TEXT, --prompt-file FILE or --input-ids"),
     ("generate {w}/model.onnx --input-ids {w}/one_array.npy", 1, "not a decode graph"),
     ("generate {w}/model.onnx --prompt hi", 2, "records no Hugging Face checkpoint"),
     ("generate {w}/model.onnx --input-ids {w}/notes.txt", 1, "cannot read token ids"),
