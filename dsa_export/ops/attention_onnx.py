@@ -76,6 +76,22 @@ def _unchunk(b: Body, stacked: str, rank: int, s_len: str) -> str:
     return b("Slice", merged, b.const([0]), _one_d(b, s_len), b.const([1]))
 
 
+def _chunk_scores(t: Body, q_scaled: str, wf: str, k_t: str, row: str) -> str:
+    """[B,rows,T] indexer scores of one chunk of queries: sum_h w * ReLU(q.k), q already scaled."""
+    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
+    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([2]))  # [B,rows,1,H]
+    relu = t("Relu", t("MatMul", q_c, k_t))  # [B,rows,H,T]
+    return t("Squeeze", t("MatMul", w_c, relu), t.const([2]))
+
+
+def _chunk_topk(t: Body, allowed: str, scores: str, neg_inf: str, pad: str, topk_1d: str) -> str:
+    """[B,rows,topk] int32 positions of the best allowed keys, -1 where fewer are allowed (ties to
+    the lower key: ONNX TopK)."""
+    padded = t("Concat", t("Where", allowed, scores, neg_inf), pad, axis=2)
+    top_val, top_idx = t("TopK", padded, topk_1d, axis=-1, largest=1, sorted=1, outputs=2)
+    return t("Cast", t("Where", t("Greater", top_val, neg_inf), top_idx, t.const(-1)), to=I32)
+
+
 def indexer_function(opset: int) -> FunctionProto:
     """Body of DSAIndexerTopK. It reads ``lengths``, which the exporter therefore always supplies."""
     b = Body("idx")
@@ -106,15 +122,10 @@ def indexer_function(opset: int) -> FunctionProto:
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)  # [rows]
-    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
-    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([2]))  # [B,rows,1,H]
-    relu = t("Relu", t("MatMul", q_c, k_t))  # [B,rows,H,T]
-    scores = t("Squeeze", t("MatMul", w_c, relu), t.const([2]))  # [B,rows,T]: sum_h w * ReLU(.)
+    scores = _chunk_scores(t, q_scaled, wf, k_t, row)  # [B,rows,T]
     causal_ok = t("LessOrEqual", key_pos, t("Unsqueeze", t("Add", row, query_offset), t.const([1])))  # [rows,T]
     allowed = t("And", t("Unsqueeze", t("Or", causal_ok, not_causal), t.const([0])), in_length)  # [B,rows,T]
-    padded = t("Concat", t("Where", allowed, scores, neg_inf), pad, axis=2)
-    top_val, top_idx = t("TopK", padded, topk_1d, axis=-1, largest=1, sorted=1, outputs=2)
-    chosen = t("Cast", t("Where", t("Greater", top_val, neg_inf), top_idx, t.const(-1)), to=I32)
+    chosen = _chunk_topk(t, allowed, scores, neg_inf, pad, topk_1d)
     stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
     _unchunk(b, stacked, 3, s_len)
     b.rename_last("indices")

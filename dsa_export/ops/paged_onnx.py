@@ -24,7 +24,17 @@ from __future__ import annotations
 
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
-from dsa_export.ops.attention_onnx import _chunk_rows, _chunking, _function, _loop, _one_d, _scalar, _unchunk
+from dsa_export.ops.attention_onnx import (
+    _chunk_rows,
+    _chunk_scores,
+    _chunk_topk,
+    _chunking,
+    _function,
+    _loop,
+    _one_d,
+    _scalar,
+    _unchunk,
+)
 from dsa_export.ops.contract import INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED
 from dsa_export.ops.onnx_graph import Body
 
@@ -75,16 +85,11 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)  # [rows]
-    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
-    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([2]))  # [B,rows,1,H]
-    relu = t("Relu", t("MatMul", q_c, k_t))  # [B,rows,H,T]
-    scores = t("Squeeze", t("MatMul", w_c, relu), t.const([2]))  # [B,rows,T]
+    scores = _chunk_scores(t, q_scaled, wf, k_t, row)  # [B,rows,T]
     position = t("Unsqueeze", t("Add", first, t("Unsqueeze", row, t.const([0]))), t.const([2]))  # [B,rows,1]
     causal_ok = t("LessOrEqual", key_pos3, position)  # [B,rows,T]
     allowed = t("And", t("Or", causal_ok, not_causal), selectable)
-    padded = t("Concat", t("Where", allowed, scores, neg_inf), pad, axis=2)
-    top_val, top_idx = t("TopK", padded, topk_1d, axis=-1, largest=1, sorted=1, outputs=2)
-    chosen = t("Cast", t("Where", t("Greater", top_val, neg_inf), top_idx, t.const(-1)), to=I32)
+    chosen = _chunk_topk(t, allowed, scores, neg_inf, pad, topk_1d)
     stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
     _unchunk(b, stacked, 3, s_len)
     b.rename_last("indices")

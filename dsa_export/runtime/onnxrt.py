@@ -240,7 +240,6 @@ class OrtSession(Session):
         import numpy as np
         import onnxruntime as ort
 
-        from dsa_export.errors import as_user_error
         from dsa_export.manifest import check_feeds
 
         if self.ort_session.get_providers()[0] != "CPUExecutionProvider":  # values would live on a device
@@ -273,17 +272,12 @@ class OrtSession(Session):
         def stop() -> None:
             options.terminate = True
 
-        try:
+        def run() -> None:
             with interrupts.on_cancel(stop):
                 self.ort_session.run_with_iobinding(binding, options)
             interrupts.raise_if_cancelled()
-        except DSAUserError:
-            raise
-        except Exception as exc:
-            mapped = as_user_error(exc, "running the model on these inputs")
-            if mapped is None:
-                raise
-            raise mapped from exc
+
+        self._guarded(run)
         values = binding.get_outputs()
         return {spec.name: value if spec.name in keep else value.numpy() for spec, value in zip(self.outputs, values)}
 

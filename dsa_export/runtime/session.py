@@ -54,8 +54,13 @@ class Session:
         self.check_shapes(shapes)
         feeds = check_feeds(self.inputs, feeds, "the model")
         self.check_memory(shapes)
+        return self._guarded(self._run, feeds)
+
+    @staticmethod
+    def _guarded(run, *args):
+        """``run(*args)``, with what the runtime refuses about the inputs as a user error."""
         try:
-            return self._run(feeds)
+            return run(*args)
         except DSAUserError:
             raise
         except Exception as exc:
