@@ -62,6 +62,8 @@ from dsa_export.manifest import (
 )
 
 STAGES = ("export", "validate", "calibrate", "check", "engine")
+#: What the export stage's first progress line says for a built-in model (measured: docs/build.md).
+EXPORT_TIME_NOTE = "about 20-60 s for a built-in model on 2 CPU cores"
 EXPORT_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "fp32", "fp8": "fp32"}
 
 
@@ -107,7 +109,9 @@ class BuildResult:
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    from dsa_export.quiet import user_stderr
+
+    print(line, file=user_stderr(), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,8 +378,18 @@ class _Pipeline:
             from dsa_export.quiet import third_party_output
 
             export_settings = ExportSettings(ops="plugin", dtype=EXPORT_DTYPES[precision])
+            began = time.perf_counter()
+
+            def step(text: str) -> None:
+                # The longest stage of a demo build, and torch.export says nothing while it works.
+                if text.startswith("tracing"):
+                    note = EXPORT_TIME_NOTE if source.spec.startswith("builtin:") else "the longest part"
+                else:
+                    note = f"{time.perf_counter() - began:.0f} s so far"
+                self.log(f"[{STAGES.index('export') + 1}/{len(STAGES)}] export: {text} ({note}) ...")
+
             with trace_errors(source.spec), third_party_output():
-                model = export_model(source, export_settings)
+                model = export_model(source, export_settings, step=step)
             save_model(model, onnx_path)
             state["source"] = source.spec
             custom = sum(1 for n in model.graph.node if n.domain == "dsa")
@@ -401,7 +415,8 @@ class _Pipeline:
                 return "skipped", "bf16: ONNX Runtime's CPU provider has no bf16 kernels"
             from dsa_export.model_ref import from_metadata
 
-            recorded = from_metadata(meta.get(META_SPEC), Path(str(s.model)).resolve().parent) if s.model_is_onnx else None
+            # The copy's reference was re-based on the build folder by the export stage.
+            recorded = from_metadata(meta.get(META_SPEC), s.output.resolve()) if s.model_is_onnx else None
             if recorded is not None and recorded.kind in ("factory", "module"):
                 # A supplied file names code as its reference: build does not run it (see sources.py).
                 spec = recorded.describe()

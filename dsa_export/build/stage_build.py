@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 from dsa_export import __version__
 from dsa_export.build.settings import BuildSettings
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, Pipeline, read_manifest, read_pipeline, write_manifest
 from dsa_export.trt.profiles import ShapeRange
 
@@ -119,7 +120,8 @@ def build_one_stage(settings: BuildSettings) -> list[str]:
 
 
 def build_stages(model: str | Path, output: str | Path, settings: BuildSettings, *, stages: str | int | None = None,
-                 gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1, max_seq: int = 512,
+                 gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
+                 max_seq: int = DEFAULT_MAX_SEQ,
                  devices: Sequence[int] | None = None, ray: str | None = None, dtype: str | None = None,
                  say: Callable[[str], None] = print) -> tuple[Pipeline, list[StageBuildOutcome]]:
     """Export (from an HF directory) and build every stage of ``model`` into ``output``."""

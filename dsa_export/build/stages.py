@@ -6,11 +6,14 @@ the safetensors (about one layer plus one tensor block in memory, whatever the m
 ``DIR/stage_KK/model.onnx`` (+ ``model.onnx.data``). ``pipeline.json`` is rewritten atomically
 after every stage, so an interrupted run keeps what it finished: a stage whose key (model
 reference, settings, tool version) is unchanged and whose files still match their recorded sizes
-and sha256 is kept, not exported again.
+and sha256 is kept, not exported again. A run that stops (Ctrl-C, SIGTERM, an error) before its
+first stage is complete removes the output folder again if it created it: nothing is left that a
+later run could resume from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsa_export import __version__
+from dsa_export import __version__, interrupts
 from dsa_export.errors import DSAUserError
 from dsa_export.export.settings import ExportSettings
-from dsa_export.fileio import sha256_file
+from dsa_export.fileio import make_parents, sha256_file
+from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.manifest import (
     ONNX_NAME,
     PIPELINE_NAME,
@@ -56,7 +60,7 @@ class StageExportSettings:
     gpu_memory: int | str | None = None
     gpus: int | None = None
     max_batch: int = 1
-    max_seq: int = 8192
+    max_seq: int = DEFAULT_MAX_SEQ
     graph: str = "prefill"
     dequantize_fp8: bool = False
     export: ExportSettings = field(default_factory=ExportSettings)
@@ -127,10 +131,8 @@ def _kept(entry: StageFiles | None, key: str, folder: Path) -> bool:
 def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: StageExportSettings = StageExportSettings(),
                   *, progress: bool = True) -> tuple[Pipeline, list[StageOutcome]]:
     """Plan, then export every stage of ``checkpoint_dir`` into ``out_dir``; returns the pipeline."""
-    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
     from dsa_export.hf.loader import inspect_checkpoint
     from dsa_export.hf.plan import plan_stages
-    from dsa_export.hf.source import hf_reference
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     ckpt = inspect_checkpoint(checkpoint_dir)
@@ -145,9 +147,38 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
         raise DSAUserError("--stages auto needs --gpu-memory (e.g. 141GiB) to know what fits; pass it, or a stage "
                            "count such as --stages 4.")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        created = make_parents(out_dir)
     except OSError as exc:
         raise DSAUserError(f"cannot create the output folder '{out_dir}' ({exc.strerror}); choose another -o.") from exc
+    if not created:
+        return _export_stages(checkpoint_dir, out_dir, settings, progress, ckpt, plan, explicit)
+    # The folders this run created (created[-1] is the outermost) are removed again until
+    # pipeline.json records a finished stage: on an error or interrupt here, and by the interrupt
+    # watchdog if the process has to be ended.
+    registration = contextlib.ExitStack()
+    registration.enter_context(interrupts.temporary(created[-1]))
+    finished: list[bool] = []
+
+    def first_stage_recorded() -> None:
+        finished.append(True)
+        registration.close()
+
+    try:
+        return _export_stages(checkpoint_dir, out_dir, settings, progress, ckpt, plan, explicit,
+                              on_first_stage=first_stage_recorded)
+    except BaseException:
+        if not finished:
+            interrupts.remove(created[-1])
+        raise
+    finally:
+        registration.close()
+
+
+def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSettings, progress: bool, ckpt, plan,
+                   explicit: bool, on_first_stage=None) -> tuple[Pipeline, list[StageOutcome]]:
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+    from dsa_export.hf.source import hf_reference
+
     previous: dict[int, StageFiles] = {}
     if (out_dir / PIPELINE_NAME).is_file():
         try:
@@ -203,6 +234,9 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
         # Record progress after every stage: an interrupted run resumes from here.
         _write(out_dir, whole, ckpt, settings, plan_data, settings_record, stages + [
             s for i, s in sorted(previous.items()) if i > stage_plan.index])
+        if on_first_stage is not None:
+            on_first_stage()
+            on_first_stage = None
     pipeline = _write(out_dir, whole, ckpt, settings, plan_data, settings_record, stages)
     return pipeline, outcomes
 
@@ -225,7 +259,7 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
     import sys
 
     from dsa_export.errors import trace_errors
-    from dsa_export.quiet import third_party_output
+    from dsa_export.quiet import progress_bars, third_party_output
 
     source = resolve(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
                      seed=settings.export.seed, dtype=settings.export.dtype)
@@ -235,8 +269,11 @@ def _export_one(reference, settings: StageExportSettings, path: Path, index: int
 
         # The planner's weight bytes: what the stage writes, give or take precision-kept tensors.
         # Our own bar: made before third-party output is caught, so it keeps the real stderr.
+        desc = f"stage {index + 1}/{count} layers {reference.layers[0]}:{reference.layers[1]}"
+        if not progress_bars():  # a log, not a terminal: one line per stage instead of a bar
+            print(f"{desc}: exporting ...", file=sys.stderr, flush=True)
         bar = tqdm(total=progress_bytes, unit="B", unit_scale=True, unit_divisor=1024, leave=True, file=sys.stderr,
-                   desc=f"stage {index + 1}/{count} layers {reference.layers[0]}:{reference.layers[1]}")
+                   disable=not progress_bars(), desc=desc)
 
     def step(name: str, nbytes: int) -> None:
         if bar is not None:

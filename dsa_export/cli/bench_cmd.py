@@ -57,6 +57,15 @@ class _BackendList(_NameList):
                 f"or {', '.join(MOE_BACKENDS)} (--case moe).")
 
 
+class _JsonFlag(click.Option):
+    """``--json`` as every command has it (a flag: the report on stdout), shown as a flag in --help.
+    It still takes a value for the older spellings: ``--json -`` (stdout, as the flag) and
+    ``--json FILE`` (the report to FILE, as ``--json-out FILE`` writes it)."""
+
+    def get_help_record(self, ctx):
+        return "--json", self.help or ""
+
+
 #: Options that belong to one case only (name of the parameter -> case).
 _CASE_OPTIONS = {
     "seq_lens": ("attention", "--seq"), "topk": ("attention", "--topk"), "variants": ("attention", "--variants"),
@@ -123,10 +132,9 @@ _CASE_OPTIONS = {
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="CPU threads for torch and ONNX Runtime (0: torch's default).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
-@click.option("--json", "json_arg", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+@click.option("--json", "json_arg", cls=_JsonFlag, is_flag=False, flag_value="-", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
-              help="Print the report as JSON on stdout instead of the table (as --json does on every command); "
-                   "--json FILE, the older form, writes it to FILE like --json-out.")
+              help="Print the report as JSON on stdout instead of the table (nothing else goes there).")
 @click.option("--json-out", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the report as JSON to this file (atomically).")
 @click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
@@ -176,7 +184,10 @@ def command(ctx, case, seq_lens, topk, variants, block_size, lsh_buckets, backen
     from dsa_export.fileio import atomic_output
 
     to_stdout = as_json
-    progress = None if to_stdout else lambda msg: click.echo(msg, err=True)
+
+    def progress(message: str) -> None:  # on stderr, with --json too: stdout holds only the report
+        click.echo(message, err=True)
+
     if case == "moe":
         from dsa_export.bench.moe import run_moe_bench
         from dsa_export.bench.report import render_moe as render

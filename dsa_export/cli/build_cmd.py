@@ -8,6 +8,7 @@ import click
 
 from dsa_export.build.settings import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
 from dsa_export.cli.options import RTX_TARGET, check_outputs, emit_report, json_options, say
+from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 
 
 @click.command(name="build")
@@ -46,8 +47,9 @@ from dsa_export.cli.options import RTX_TARGET, check_outputs, emit_report, json_
 @click.option("--devices", default=None, metavar="I,J,...", help="With stages: the GPU of each stage, in order.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="With stages: largest batch of the prefill and decode profiles.")
-@click.option("--max-seq", type=click.IntRange(min=2), default=512, show_default=True,
-              help="With stages: largest prompt + generated length of the profiles.")
+@click.option("--max-seq", type=click.IntRange(min=2), default=DEFAULT_MAX_SEQ, show_default=True,
+              help="With stages: largest prompt + generated length of the profiles (the default is the one of "
+                   "`plan` and `export --stages`).")
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="With stages: build each stage as a Ray task on a node with its own GPU (needs dsa-export[ray]).")
 @json_options
@@ -70,6 +72,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     OUTPUT/pipeline.json; each stage lands whole, and a stage that did not change is kept.
     """
     from dsa_export.build import BuildSettings, build, parse_shape_ranges
+    from dsa_export.quiet import user_stderr
 
     check_outputs((json_out, "--json-out"), inputs=(Path(model) if model else None,))
     settings = BuildSettings(
@@ -88,7 +91,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
                       as_json, json_out)
         return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
-    result = build(settings, log=lambda line: click.echo(line, err=True))
+    result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
     say(result.summary_table(), as_json)
     emit_report({"output": str(result.output), "seconds": round(result.seconds, 2),
                  "stages": [vars(stage) for stage in result.stages], "manifest": result.manifest}, as_json, json_out)
@@ -99,6 +102,7 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     import time
 
     from dsa_export.build.stage_build import build_stages, stage_build_table
+    from dsa_export.quiet import user_stderr
     from dsa_export.trt.profiles import DEFAULT_RANGE
 
     if model is None:
@@ -126,7 +130,7 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     pipeline, outcomes = build_stages(model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus,
                                       max_batch=max_batch, max_seq=max_seq, devices=device_list, ray=ray_address,
                                       dtype=settings.precision if settings.precision in ("fp32", "fp16", "bf16") else None,
-                                      say=lambda line: click.echo(line, err=True))
+                                      say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "
         f"{output / 'pipeline.json'}.", as_json)

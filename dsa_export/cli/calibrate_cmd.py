@@ -22,7 +22,8 @@ from dsa_export.errors import DSAUsageError
               help="A folder of .npz/.npy inputs, a Polygraphy data-loader script (file.py[:func]), "
                    "or 'builtin' for the recipe's bundled demo inputs.")
 @click.option("--samples", type=click.IntRange(min=1), default=None,
-              help="Calibration samples taken from the data; the rest is held out for the report.")
+              help="Calibration samples taken from the data; the rest is held out for the report. When the data "
+                   "holds fewer, all of it is used and a warning says so.")
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=None,
               help="Kept share of |x| in percent, for --method percentile.")
 @click.option("--exclude", multiple=True, metavar="PATTERN",
@@ -44,7 +45,8 @@ from dsa_export.errors import DSAUsageError
               help="TensorRT version named in the cache header.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the accuracy report as JSON here.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_options
 def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
             quantize_indexer, keep_indexer_projections, experts, recipe, cache, from_cache, trt_version, report,
@@ -61,6 +63,7 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     from dsa_export.errors import DSAUserError
     from dsa_export.quantize import QuantizeSettings, quantize, save
     from dsa_export.quantize.cache import version_number
+    from dsa_export.quiet import progress_bars
 
     targets = [p.resolve() for p in (output, cache, report, json_out) if p is not None]
     if onnx_file.resolve() in targets or len(set(targets)) != len(targets):
@@ -68,6 +71,10 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     check_outputs((output, "-o"), (cache, "--cache"), (report, "--report"), (json_out, "--json-out"))
     if data is None and from_cache is None:
         raise DSAUsageError("give calibration data with --data DIR|SCRIPT|builtin (or scales with --from-cache).")
+    if (data not in (None, "builtin") and not (data.endswith(".py") or ".py:" in data) and Path(data).is_file()
+            and Path(data).suffix not in (".npz", ".npy")):
+        raise DSAUsageError(f"--data '{data}' is neither a folder of .npz/.npy inputs, one .npz/.npy file, a .py "
+                            "data-loader script nor 'builtin'; pass one of those.")
     if cache is not None:
         try:
             version_number(trt_version)  # refuse a bad version before any work
@@ -77,8 +84,12 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         precision=precision, method=method, data=data, samples=samples, percentile=percentile,
         exclude=tuple(exclude), quantize_indexer=quantize_indexer,
         keep_indexer_projections=keep_indexer_projections, experts=experts, recipe=recipe, from_cache=from_cache,
-        progress=progress,
+        progress=progress_bars() if progress is None else progress,
     )
+    warnings: list[str] = []
+    if samples is not None and from_cache is not None:
+        warnings.append(f"--samples {samples} has no effect with --from-cache (the scales come from the cache; all "
+                        "the data is held out for the report).")
     if cache is not None and (precision or "int8") != "int8":
         raise DSAUsageError("--cache writes INT8 scales for TensorRT 10; drop it or use --precision int8.")
     import onnxruntime
@@ -91,6 +102,12 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     result = quantize(onnx_file, settings)
     save(result, output, cache=cache, report=report, trt_version=trt_version)
     r = result.recipe
+    if from_cache is None and result.calibration_samples < r.samples:
+        asked = f"--samples {samples}" if samples is not None else f"the recipe's {r.samples} samples"
+        warnings.append(f"{asked} asked for {r.samples} calibration samples but the data holds only "
+                        f"{result.calibration_samples}; calibrated on all {result.calibration_samples}.")
+    for warning in warnings:
+        click.echo(f"Warning: {warning}", err=True)
     moe = result.placement.moe
     experts = ""
     if moe.routing:
@@ -119,6 +136,7 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         "calibration_samples": result.calibration_samples, "scales_from": str(from_cache) if from_cache else None,
         "cache": str(cache) if cache is not None else None, "report_file": str(report) if report is not None else None,
         "report": json.loads(result.report.to_json()) if result.report is not None else None,
+        "samples_requested": r.samples if from_cache is None else None, "warnings": warnings,
     }, as_json, json_out)
     if result.report is not None:
         if not result.report.passed:

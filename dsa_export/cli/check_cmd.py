@@ -7,14 +7,25 @@ from pathlib import Path
 
 import click
 
-from dsa_export.compat.probe import COMPONENTS, ProbeSettings, load_snapshot
+from dsa_export.compat.probe import (
+    COMPONENTS,
+    DEFAULT_IMPORT_TIMEOUT_S,
+    DEFAULT_PROBE_TIMEOUT_S,
+    ProbeSettings,
+    load_snapshot,
+    timed_out,
+)
 from dsa_export.compat.rules import BACKENDS, PRECISIONS, CheckReport, CheckSettings, run_checks
+from dsa_export.errors import DSAUserError
 
 _MARKS = {"error": "ERROR", "warning": "WARN ", "info": "info "}
 
 
 def _component_line(report: CheckReport, name: str) -> tuple[str, str, str]:
     record = report.environment.component(name)
+    seconds = timed_out(record)
+    if seconds is not None:
+        return name, "not probed", f"(timed out after {seconds:g} s; raise --timeout)"
     if not record.found:
         return name, "missing", record.reason or ""
     extra = ""
@@ -119,7 +130,9 @@ def render_table(report: CheckReport) -> str:
     "--timeout",
     type=click.FloatRange(min=0.1),
     default=None,
-    help="Seconds allowed for all probes [default: 4].",
+    help=f"Seconds allowed for all probes [default: {DEFAULT_PROBE_TIMEOUT_S:g} for the library and tool "
+    f"probes, {DEFAULT_IMPORT_TIMEOUT_S:g} for importing torch, onnxruntime, TensorRT and Polygraphy]. A probe "
+    "that runs out of time is reported as not probed, not as missing.",
 )
 @click.option(
     "--snapshot",
@@ -160,6 +173,10 @@ def command(
     )
     report = run_checks(settings, load_snapshot(snapshot) if snapshot else None)
     click.echo(report.to_json() if as_json else render_table(report))
+    if as_json and report.blocking:
+        # With --json the failure is also one sentence on stderr and an "error" key in the report.
+        raise DSAUserError(f"blocked by {len(report.blocking)} error(s): {', '.join(f.id for f in report.blocking)} "
+                           "(see the findings).")
     # SystemExit, not ctx.exit(): with standalone_mode=False click returns ctx.exit's code from
     # cli.main instead of raising it, and main() does not pass that value on.
     sys.exit(report.exit_code)

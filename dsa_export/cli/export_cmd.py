@@ -9,6 +9,7 @@ import click
 
 from dsa_export.cli.options import LAYER_SPAN, check_outputs, emit_report, json_options, say
 from dsa_export.cli.plan_cmd import StageCount
+from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
 
@@ -29,17 +30,19 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
 @click.option("--opset", type=click.IntRange(SUPPORTED_OPSETS.start, SUPPORTED_OPSETS.stop - 1), default=None,
               help="Standard-domain ONNX opset. Default: 18, or 21 for FP8 weights (blocked DequantizeLinear).")
 @click.option("--graph", type=click.Choice(["prefill", "decode"]), default=None,
-              help="Hugging Face models: prefill (default) or a decode step with explicit caches.")
+              help="Hugging Face models: prefill (the whole prompt; default for one file) or a decode step with "
+                   "explicit caches (default with --stages: what `build` and `generate` run on stages).")
 @click.option("--layers", type=LAYER_SPAN, default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
 @click.option("--stages", type=StageCount(), default=None,
               help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
-                   "balanced stages), one .onnx per stage plus pipeline.json in the -o folder; resumable.")
+                   "balanced stages), one decode-graph .onnx per stage (--graph prefill for prefill graphs) plus "
+                   "pipeline.json in the -o folder; resumable.")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages: memory of one GPU, e.g. 141GiB.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --stages: GPUs available.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --stages: largest batch the stages are planned for.")
-@click.option("--max-seq", type=click.IntRange(min=1), default=8192, show_default=True,
+@click.option("--max-seq", type=click.IntRange(min=1), default=DEFAULT_MAX_SEQ, show_default=True,
               help="With --stages: largest sequence length the stages are planned for.")
 @click.option("--dequantize-fp8", is_flag=True,
               help="Hugging Face models stored in FP8: write the weights dequantized (in --dtype, default bf16) "
@@ -61,7 +64,7 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     """
     from dsa_export.errors import trace_errors
     from dsa_export.export import ExportSettings
-    from dsa_export.quiet import third_party_output
+    from dsa_export.quiet import progress_bars, third_party_output, user_stderr
     from dsa_export.sources import resolve
 
     if model and ":" in model and Path(model.rsplit(":", 1)[0]).resolve() == output.resolve():
@@ -88,7 +91,7 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         if output.exists() and not output.is_dir():
             raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
         check_output_path(output, "-o", folder=True, inside=True)
-        _export_stages(Path(model), output, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph or "prefill",
+        _export_stages(Path(model), output, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph or "decode",
                        dequantize_fp8, start, as_json, json_out)
         return
     if output.is_dir():
@@ -112,8 +115,11 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     from dsa_export import interrupts
 
     # The exporter stages large files in a hidden sibling folder: removed if the process is ended.
+    def step(text: str) -> None:  # torch.export says nothing for tens of seconds; on a terminal, say what runs
+        click.echo(f"Exporting {source.spec}: {text} ...", file=user_stderr())
+
     with interrupts.temporaries_of(output), trace_errors(source.spec), third_party_output():
-        result = export_to_file(source, settings, output)
+        result = export_to_file(source, settings, output, step=step if progress_bars() else None)
     seconds = time.perf_counter() - start
     data = f", {result.external_bytes / 2**30:.2f} GiB of weights in {output.name}.data" if result.external_bytes else ""
     say(f"Exported {source.spec} to {output} ({ops} ops, {result.dsa_nodes} dsa nodes, {result.settings.dtype}, "

@@ -23,6 +23,7 @@ import sys
 import click
 
 from dsa_export import __version__, interrupts, quiet
+from dsa_export.cli import json_stdout
 from dsa_export.errors import DSAUsageError, DSAUserError, as_user_error
 
 # name -> (module, one-line help). Keep sorted by pipeline order.
@@ -126,18 +127,32 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and map exceptions to exit codes: 2 usage, 1 failure, 130 interrupted, no
-    traceback without --debug."""
+    traceback without --debug. With ``--json``, stdout holds one JSON document on success and on
+    failure (:mod:`dsa_export.cli.json_stdout`)."""
     standalone = argv is None  # the console script / python -m, not a caller in Python
     args, debug = _take_debug(list(sys.argv[1:] if argv is None else argv))
     quiet.set_debug(debug)
     quiet.configure()
     stderr = sys.stderr  # kept: third-party output may be redirected while a command runs
+    report = json_stdout.JsonStdout(standalone) if json_stdout.requested(args) else None
+    failure: dict[str, str] = {}
 
     def say(message: str) -> None:
         click.echo(message, file=stderr)
 
-    def interrupted() -> None:
-        say("Interrupted; no partial output was kept.")
+    def fail(code: int, message: str, shown: str | None = None) -> None:
+        """Say ``message`` (one sentence) on stderr unless ``shown`` replaces it ("": already shown),
+        put it in the JSON report and exit ``code``."""
+        line = f"Error: {message}" if shown is None else shown
+        if line:
+            say(line)
+        failure["message"] = message
+        sys.exit(code)
+
+    def interrupted(message: str = "Interrupted; no partial output was kept.") -> None:
+        say(message)
+        if report is not None:
+            report.finish(message, interrupts.EXIT_INTERRUPTED)
 
     if standalone:
         # What the guard restores when the command is over: a signal that arrives once the work is
@@ -155,37 +170,47 @@ def main(argv: list[str] | None = None) -> None:
             raise
 
     try:
+        _run(command, debug, standalone, fail, say, interrupted, stderr)
+    except SystemExit as exc:
+        if report is not None:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            report.finish(failure.get("message") if code else None, code)
+        raise
+    except BaseException as exc:  # --debug re-raises errors with their traceback
+        if report is not None:
+            report.finish(f"{type(exc).__name__}: {_one_line(exc)}", 1)
+        raise
+
+
+def _run(command, debug: bool, standalone: bool, fail, say, interrupted, stderr) -> None:
+    try:
         # In non-standalone mode click returns ctx.exit(n)'s code instead of exiting.
         code = interrupts.guard(command, on_abort=interrupted)
     except click.exceptions.Abort:
-        say("Aborted.")
+        interrupted("Aborted.")
         _exit_interrupted(standalone)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
         exc.show(file=stderr)
-        sys.exit(exc.exit_code)
+        fail(exc.exit_code, _one_line(exc.format_message()), shown="")
     except click.UsageError as exc:
         if debug:
             raise
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-        say(f"Error: {_one_line(exc.format_message())}{hint}")
-        sys.exit(exc.exit_code)
+        fail(exc.exit_code, f"{_one_line(exc.format_message())}{hint}")
     except click.ClickException as exc:
         if debug:
             raise
-        say(f"Error: {_one_line(exc.format_message())}")
-        sys.exit(exc.exit_code)
+        fail(exc.exit_code, _one_line(exc.format_message()))
     except DSAUsageError as exc:
         if debug:
             raise
-        say(f"Error: {_one_line(exc)}")
-        sys.exit(2)
+        fail(2, _one_line(exc))
     except DSAUserError as exc:
         if debug:
             raise
-        say(f"Error: {_one_line(exc)}")
-        sys.exit(1)
+        fail(1, _one_line(exc))
     except KeyboardInterrupt:
         interrupted()
         _exit_interrupted(standalone)
@@ -194,9 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if mapped is not None:  # the user's input or machine, not a bug
-            say(f"Error: {_one_line(mapped)}")
-            sys.exit(1)
-        say(f"Internal error (a bug in dsa-export, please report it): {type(exc).__name__}: {_one_line(exc)}. "
-            "Run again with --debug for the traceback.")
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+            fail(1, _one_line(mapped))
+        message = (f"Internal error (a bug in dsa-export, please report it): {type(exc).__name__}: {_one_line(exc)}. "
+                   "Run again with --debug for the traceback.")
+        fail(1, message, shown=message)
+    else:
+        sys.exit(code if isinstance(code, int) else 0)

@@ -32,6 +32,28 @@ def _load_npz(path: Path) -> dict:
                            "numpy.savez.") from exc
 
 
+def _require_sizes(session, artifact: Path, dims: dict) -> None:
+    """Inputs are generated at the sizes ``--dims`` gives, else at the build's opt shape: a plain
+    .onnx has no build, so say which sizes to pass instead of failing on the first one."""
+    if getattr(session, "manifest", None) is not None or not hasattr(session, "dim_names"):
+        return
+    from dsa_export.runtime.pipeline import PipelineSession
+
+    if isinstance(session, PipelineSession):  # a pipeline sizes its prefill call itself
+        return
+    missing = sorted(session.dim_names() - set(dims))
+    if missing:
+        from dsa_export.errors import DSAUsageError
+
+        example = ",".join(f"{name}={dims.get(name, 1 if name == 'batch' else 16)}"
+                           for name in sorted(session.dim_names()))
+        raise DSAUsageError(
+            f"{artifact} has no build around it (no manifest.json) to size generated inputs from; give the size of "
+            f"its dynamic dim(s) {', '.join(missing)} with --dims (e.g. --dims {example}), or the inputs themselves "
+            "with --inputs FILE.npz."
+        )
+
+
 @click.command(name="run")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -79,6 +101,7 @@ def command(artifact: Path, inputs_file: Path | None, outputs_file: Path | None,
         feeds = _load_npz(inputs_file)
         origin = str(inputs_file)
     else:
+        _require_sizes(session, artifact, dims or {})
         feeds = session.example_inputs(seed=seed, dims=dims or {})
         origin = f"generated from the manifest (seed {seed})" if session.manifest else f"generated (seed {seed})"
     report: dict = {"artifact": str(artifact), "runtime": session.kind, "notes": list(session.notes),

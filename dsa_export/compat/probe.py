@@ -169,11 +169,24 @@ def load_snapshot(path: str | os.PathLike[str]) -> EnvironmentProbe:
             if isinstance(data.get(key), dict):
                 data = data[key]
                 break
+    remedy = "pass a report written by `dsa-export check --json`"
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string"}.get(type(data), "value")
+        raise DSAUserError(f"Snapshot {path} holds a JSON {kind}, not a dsa-export probe snapshot; {remedy}.")
+    if data.get("schema_version") != PROBE_SCHEMA_VERSION:
+        raise DSAUserError(
+            f"Snapshot {path} has schema_version {data.get('schema_version')!r}, not {PROBE_SCHEMA_VERSION}; {remedy}."
+        )
     try:
         return EnvironmentProbe.from_dict(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except KeyError as exc:
         raise DSAUserError(
-            f"Snapshot {path} is not a dsa-export probe snapshot ({type(exc).__name__}: {exc})."
+            f"Snapshot {path} is not a dsa-export probe snapshot: a record lacks its '{exc.args[0]}' field; {remedy}."
+        ) from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise DSAUserError(
+            f"Snapshot {path} is not a dsa-export probe snapshot: a component or GPU record is not an object with "
+            f"the expected fields; {remedy}."
         ) from exc
 
 
@@ -186,7 +199,9 @@ def _ordered(components: dict[str, ComponentRecord]) -> list[str]:
 class ProbeSettings:
     """How probing runs."""
 
-    timeout_s: float | None = None  # per probe; None -> DEFAULT_PROBE_TIMEOUT_S
+    #: Seconds for all probes together; None: DEFAULT_PROBE_TIMEOUT_S for the library and tool
+    #: probes and DEFAULT_IMPORT_TIMEOUT_S for the Python imports. Given, it bounds both.
+    timeout_s: float | None = None
     subprocess_timeout_s: float | None = (
         None  # per external tool; None -> DEFAULT_SUBPROCESS_TIMEOUT_S
     )
@@ -194,6 +209,9 @@ class ProbeSettings:
 
 
 DEFAULT_PROBE_TIMEOUT_S = 4.0
+#: The probes that import Python packages (torch, onnxruntime, TensorRT, Polygraphy) one after
+#: another: a cold torch import takes 5 s and more on a busy machine, which is slow, not missing.
+DEFAULT_IMPORT_TIMEOUT_S = 60.0
 DEFAULT_SUBPROCESS_TIMEOUT_S = 3.0
 
 
@@ -904,10 +922,19 @@ def _guarded(name: str, function: Callable[[], Any]) -> Any:
         )
 
 
+def timed_out(record: ComponentRecord) -> float | None:
+    """The seconds after which ``record``'s probe was given up (None: it finished)."""
+    value = record.details.get("timed_out_s")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe:
-    """Run every probe concurrently, each bounded by a timeout, and collect the records."""
+    """Run every probe concurrently, each bounded by a timeout, and collect the records. A probe
+    that does not finish in time is recorded as not probed (``details["timed_out_s"]``), not as
+    missing."""
     settings = settings or ProbeSettings()
-    timeout = settings.timeout_s or DEFAULT_PROBE_TIMEOUT_S  # for all probes together
+    timeout = settings.timeout_s or DEFAULT_PROBE_TIMEOUT_S  # the library and tool probes together
+    import_timeout = settings.timeout_s or DEFAULT_IMPORT_TIMEOUT_S  # the Python imports together
     wanted = settings.components or COMPONENTS
     started = time.perf_counter()
     results: dict[str, Any] = {}
@@ -932,14 +959,14 @@ def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe
         for name in names:
             run(name, jobs[name])
 
-    threads = [
-        threading.Thread(target=run_group, args=(group,), daemon=True) for group in groups if group
-    ]
+    groups = [group for group in groups if group]
+    threads = [threading.Thread(target=run_group, args=(group,), daemon=True) for group in groups]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    now = time.monotonic()
+    limits = {name: (import_timeout if name in IMPORTING_PROBES else timeout) for name in jobs}
+    for thread, group in zip(threads, groups):
+        thread.join(max(0.0, now + limits[group[0]] - time.monotonic()))
 
     components: dict[str, ComponentRecord] = {}
     gpus: list[GpuRecord] = []
@@ -947,7 +974,10 @@ def probe_environment(settings: ProbeSettings | None = None) -> EnvironmentProbe
         outcome = results.get(name)
         if outcome is None:
             components[name] = ComponentRecord(
-                name, False, reason=f"probe did not finish within {timeout:g} s (raise --timeout)"
+                name,
+                False,
+                reason=f"not probed (timed out after {limits[name]:g} s; raise --timeout)",
+                details={"timed_out_s": limits[name]},
             )
         elif isinstance(outcome, tuple):  # driver probe
             components[name], gpus = outcome

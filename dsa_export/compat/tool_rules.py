@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsa_export.compat.findings import Finding
-from dsa_export.compat.probe import plugin_library_state
+from dsa_export.compat.probe import plugin_library_state, timed_out
 from dsa_export.compat.rule_context import GPU_BUILD_BACKENDS, RuleContext, driver_cuda_version, gpu_label
 from dsa_export.compat.versions import format_version, parse_version
 
@@ -45,6 +45,17 @@ def rule_driver(ctx: RuleContext) -> Iterator[Finding]:
 
 def rule_torch(ctx: RuleContext) -> Iterator[Finding]:
     record = ctx.probe.component("torch")
+    seconds = timed_out(record)
+    if seconds is not None:
+        yield Finding(
+            "torch_not_probed",
+            "warning",
+            "torch",
+            f"PyTorch was not probed: importing it took longer than {seconds:g} s (a busy machine or a cold file "
+            "cache), so its version and CUDA build are unknown.",
+            "Run the check again, with a larger --timeout if it happens again.",
+        )
+        return
     if not record.found:
         yield Finding(
             "torch_missing",
@@ -98,6 +109,16 @@ def rule_nvcc(ctx: RuleContext) -> Iterator[Finding]:
 
 def rule_polygraphy(ctx: RuleContext) -> Iterator[Finding]:
     record = ctx.probe.component("polygraphy")
+    seconds = timed_out(record)
+    if seconds is not None:
+        yield Finding(
+            "polygraphy_not_probed",
+            "warning",
+            "polygraphy",
+            f"Polygraphy was not probed: importing it took longer than {seconds:g} s.",
+            "Run the check again, with a larger --timeout if it happens again.",
+        )
+        return
     if not record.found:
         yield Finding(
             "polygraphy_missing",

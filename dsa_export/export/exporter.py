@@ -158,10 +158,10 @@ def annotate_custom_outputs(model: onnx.ModelProto) -> None:
         if q is None or not q.type.tensor_type.shape.dim:
             raise RuntimeError(f"no shape for the q input of {node.op_type} node {node.name!r}")
         qd = _shape_dims(q)
-        if node.op_type == "DSAIndexerTopK":
+        if node.op_type in ("DSAIndexerTopK", "DSAIndexerTopKPaged"):
             topk = next(a.i for a in node.attribute if a.name == "topk")
             dims, elem = [qd[0], qd[1], topk], onnx.TensorProto.INT32
-        elif node.op_type in ("DSASparseAttention", "DSABlockSparseAttention"):
+        elif node.op_type in ("DSASparseAttention", "DSABlockSparseAttention", "DSASparseAttentionPaged"):
             v = known[node.input[2]]
             dims, elem = [qd[0], qd[1], qd[2], _shape_dims(v)[3]], q.type.tensor_type.elem_type
         elif node.op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):
@@ -291,22 +291,25 @@ def _finish(model: onnx.ModelProto, source: ModelSource, settings: ExportSetting
     return model
 
 
-def _trace(source: ModelSource, settings: ExportSettings):
+def _trace(source: ModelSource, settings: ExportSettings, step=None):
     """The optimized ``onnx_ir`` model of ``source`` (weights bound, not yet read) and the
-    settings with dtype and opset decided."""
+    settings with dtype and opset decided. ``step(text)`` is told when each phase starts."""
     from dsa_export.export.external import bind_sources
 
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
+    step = step or (lambda text: None)
     settings = settings.resolved(source.dtype, source.min_opset)
     register_schemas()
+    step("tracing with torch.export and translating to ONNX")
     program = _run_torch_export(source, settings)
     model = program.model
     bind_sources(model, source.weights)
     # What torch.onnx's optimize=True runs, except that FP8 block scales are not folded into their
     # per-row form: the file keeps the checkpoint's bytes, and the engine builder folds it.
     keep = _scale_expansions(model)
+    step("optimizing the ONNX graph")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         onnxscript.optimizer.optimize_ir(model, should_fold=lambda node: False if node in keep else None)
@@ -328,15 +331,16 @@ def _scale_expansions(model) -> set:
     return found
 
 
-def export_model(source: ModelSource, settings: ExportSettings) -> onnx.ModelProto:
+def export_model(source: ModelSource, settings: ExportSettings, *, step=None) -> onnx.ModelProto:
     """Trace ``source`` and return the finished, checked ONNX model, weights included (models under
-    2 GB; larger ones are written by :func:`export_to_file`, which streams their weights)."""
+    2 GB; larger ones are written by :func:`export_to_file`, which streams their weights).
+    ``step(text)`` is told when each phase (trace, optimization) starts."""
     import onnx_ir as ir
 
     from dsa_export.export.external import initializer_bytes as ir_bytes
     from dsa_export.export.external import materialize_all
 
-    ir_model, settings = _trace(source, settings)
+    ir_model, settings = _trace(source, settings, step)
     if ir_bytes(ir_model) >= EXTERNAL_DATA_BYTES:
         raise DSAUserError(f"{source.spec} has over 2 GB of weights, which one ONNX message cannot hold; export "
                            "it to a file (dsa-export export -o FILE), which writes them as external data.")
@@ -362,12 +366,13 @@ class ExportResult:
 
 
 def export_to_file(source: ModelSource, settings: ExportSettings, path: str | os.PathLike[str], *,
-                   progress=None, external_data_bytes: int | None = None) -> ExportResult:
+                   progress=None, external_data_bytes: int | None = None, step=None) -> ExportResult:
     """Trace ``source`` and write it to ``path`` atomically, weights streamed from their sources.
 
     Weights over ``external_data_bytes`` (default :data:`STREAM_EXTERNAL_BYTES`) go to
     ``<name>.data`` beside the file, one tensor block at a time: peak memory is about one layer's
-    graph plus one block, never the model. ``progress(name, nbytes)`` is called per written tensor.
+    graph plus one block, never the model. ``progress(name, nbytes)`` is called per written tensor;
+    ``step(text)`` when each phase (trace, optimization, writing) starts.
     """
     import shutil
     import tempfile
@@ -380,7 +385,9 @@ def export_to_file(source: ModelSource, settings: ExportSettings, path: str | os
 
     path = Path(path)
     limit = STREAM_EXTERNAL_BYTES if external_data_bytes is None else external_data_bytes
-    ir_model, settings = _trace(source, settings)
+    ir_model, settings = _trace(source, settings, step)
+    if step is not None:
+        step(f"writing {path.name}")
     total = ir_bytes(ir_model)
     if total < limit:
         materialize_all(ir_model)

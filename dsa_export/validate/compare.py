@@ -25,6 +25,7 @@ refused when it cannot fit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ import onnx
 
 from dsa_export.errors import DSAUserError
 from dsa_export.export.exporter import META_CONFIG, META_SETTINGS, META_SPEC
+from dsa_export.quiet import polygraphy_to_stderr
 from dsa_export.runtime.onnxrt import polygraphy_runner
 from dsa_export.validate.selections import LayerSelections, compare_selections
 from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
@@ -352,6 +354,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     ort_runner = polygraphy_runner(path, name="onnxruntime", model_bytes=model_bytes)
     previous = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.ERROR
+    logs = contextlib.ExitStack()
+    logs.enter_context(polygraphy_to_stderr())  # its [W]/[E] lines are logs, not part of the report
     try:
         try:
             results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
@@ -405,6 +409,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
         G_LOGGER.module_severity = previous
+        logs.close()
     report.passed = bool(verdict)
     for k, (seq_len, expected, actual) in enumerate(zip(settings.seq_lens, torch_iters, ort_iters)):
         mask = excluded[k]

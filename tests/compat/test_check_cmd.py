@@ -57,7 +57,12 @@ def test_check_json_on_this_machine_is_valid_complete_and_fast() -> None:
         or not components["onnxruntime"]["found"]
     )
     assert result.returncode == (1 if report["blocking"] else 0)
-    assert elapsed < 5.0, f"check --json took {elapsed:.1f} s"
+    # The probes of libraries and tools take at most 4 s; the Python imports are waited for (a slow
+    # torch import is not a missing torch), so on a busy machine the check takes what they take.
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch, onnxruntime, polygraphy"], check=False, timeout=120)
+    imports = time.monotonic() - started
+    assert elapsed < max(5.0, imports + 3.0), f"check --json took {elapsed:.1f} s (the imports alone {imports:.1f} s)"
 
 
 def test_plain_check_does_not_block_on_a_cpu_only_snapshot() -> None:

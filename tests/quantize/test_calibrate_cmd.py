@@ -16,8 +16,9 @@ def run(*args):
 
 def test_calibrate_writes_model_cache_and_report(exported, tmp_path):
     out, cache, report = tmp_path / "m.qdq.onnx", tmp_path / "m.cache", tmp_path / "m.json"
+    # --progress: the bar is drawn on a terminal only unless asked for (stderr is a pipe here).
     result = run(exported["plugin"], "-o", out, "--data", "builtin", "--method", "minmax",
-                 "--cache", cache, "--report", report, "--trt-version", "10.14.1")
+                 "--cache", cache, "--report", report, "--trt-version", "10.14.1", "--progress")
     assert result.returncode == 0, result.stderr
     assert "int8 Q/DQ on 34 MatMul/Gemm nodes" in result.stdout
     assert "logits" in result.stdout and "PASSED" in result.stdout
