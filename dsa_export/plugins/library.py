@@ -240,10 +240,10 @@ _LOADED: dict[tuple[int, str], tuple[object, object]] = {}
 
 def registered_creators(registry) -> list[str]:
     """Our op names whose plugin creator (version 1, namespace ``dsa``) ``registry`` already holds."""
-    from dsa_export.ops.contract import OPS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+    from dsa_export.ops.contract import PLUGIN_NAMESPACE, PLUGIN_OPS, PLUGIN_VERSION
 
     found = []
-    for name in OPS:
+    for name in PLUGIN_OPS:
         try:
             creator = registry.get_creator(name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
         except Exception:  # a binding without get_creator, or one that raises for an unknown name

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.ops.contract import OPS
+from dsa_export.ops.contract import PLUGIN_OPS
 from dsa_export.plugins import library as lib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_creators_registered_by_someone_else_are_used(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="dsa_export.plugins.library"):
         assert lib.load_plugin_library(trt, second) == second.resolve()
     assert "already registered" in caplog.text and "DSAIndexerTopK" in caplog.text
-    assert lib.registered_creators(trt.get_plugin_registry()) == list(OPS)
+    assert lib.registered_creators(trt.get_plugin_registry()) == list(PLUGIN_OPS)
 
 
 def test_a_null_handle_without_our_creators_is_a_user_error(tmp_path):
