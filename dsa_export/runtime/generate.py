@@ -126,7 +126,7 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
     require_decode_graph(model)
     notes: list[str] = []
     steps = settings.max_new_tokens
-    limit = model.sequence_limit() if hasattr(model, "sequence_limit") else None
+    limit = model.sequence_limit()
     if limit is not None:
         if prompt.shape[1] > limit:
             raise DSAUserError(f"the prompt has {prompt.shape[1]} tokens but this build holds at most {limit} per "

@@ -240,22 +240,13 @@ class OrtSession(Session):
         import numpy as np
         import onnxruntime as ort
 
-        from dsa_export.manifest import check_feeds
-
         if self.ort_session.get_providers()[0] != "CPUExecutionProvider":  # values would live on a device
-            out = self.run({name: value.numpy() if isinstance(value, ort.OrtValue) else value
-                            for name, value in feeds.items()})
-            return out
+            return self.run({name: value.numpy() if isinstance(value, ort.OrtValue) else value
+                             for name, value in feeds.items()})
         shapes = {name: tuple(value.shape()) if isinstance(value, ort.OrtValue) else tuple(np.shape(value))
                   for name, value in feeds.items()}
-        names = {spec.name for spec in self.inputs}
-        unknown = sorted(set(feeds) - names)
-        if unknown:
-            raise DSAUserError(f"unknown input(s) {unknown}; this model takes {', '.join(sorted(names))}.")
-        self.check_shapes(shapes)
-        host = {name: value for name, value in feeds.items() if not isinstance(value, ort.OrtValue)}
-        host = check_feeds([spec for spec in self.inputs if spec.name in host], host, "the model")
-        self.check_memory(shapes)
+        host = self._checked_feeds({name: value for name, value in feeds.items()
+                                    if not isinstance(value, ort.OrtValue)}, shapes)
         binding = self.ort_session.io_binding()
         alive = []  # the host arrays must outlive the run
         for name, value in {**feeds, **host}.items():

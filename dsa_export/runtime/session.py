@@ -46,15 +46,21 @@ class Session:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check the feeds against the inputs (names, ranks, profile, dtypes, token-id range,
         memory) and run; what the runtime then refuses about the inputs is a user error too."""
+        shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
+        return self._guarded(self._run, self._checked_feeds(feeds, shapes))
+
+    def _checked_feeds(self, host: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+        """``host`` checked (names, profile, dtypes, token-id range) and the memory a run of
+        ``shapes`` (every input's shape, device-resident ones included) needs; returns ``host``
+        as the runtime takes it."""
         names = [spec.name for spec in self.inputs]
-        unknown = sorted(set(feeds) - set(names))
+        unknown = sorted(set(shapes) - set(names))
         if unknown:
             raise DSAUserError(f"unknown input(s) {unknown}; this model takes {', '.join(names)}.")
-        shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
         self.check_shapes(shapes)
-        feeds = check_feeds(self.inputs, feeds, "the model")
+        host = check_feeds([spec for spec in self.inputs if spec.name in host], host, "the model")
         self.check_memory(shapes)
-        return self._guarded(self._run, feeds)
+        return host
 
     @staticmethod
     def _guarded(run, *args):
