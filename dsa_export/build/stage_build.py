@@ -70,6 +70,22 @@ def decode_profiles(max_batch: int, max_seq: int, opt_seq: int | None = None) ->
     return prefill, decode
 
 
+def paged_profiles(max_batch: int, max_seq: int, page: int, opt_seq: int | None = None) -> tuple[Dims, Dims]:
+    """(prefill, decode) min/opt/max of a paged graph's dims (batch, sequence, max_pages, pages):
+    a block table of up to ``max_seq / page`` pages per row, and pools of up to twice the pages
+    ``max_batch`` full sequences need (the stage's pools grow by doubling), plus the scratch page."""
+    if max_seq < 2:
+        raise DSAUsageError(f"--max-seq must be at least 2 (a prompt and one generated token); got {max_seq}.")
+    opt = min(opt_seq or 128, max_seq - 1)
+    blocks = -(-max_seq // page)
+    opt_blocks = -(-opt // page)
+    batch = (1, 1, max_batch)
+    pages = (2, 1 + opt_blocks, 2 * (1 + max_batch * blocks))
+    prefill = {"batch": batch, "sequence": (1, opt, max_seq), "max_pages": (1, opt_blocks, blocks), "pages": pages}
+    decode = {"batch": batch, "sequence": (1, 1, 1), "max_pages": (1, opt_blocks, blocks), "pages": pages}
+    return prefill, decode
+
+
 def combined(profiles: Sequence[Dims]) -> ShapeRange:
     """One range covering every profile (for backends that take one)."""
     dims: Dims = {}
@@ -123,8 +139,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                  gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
                  max_seq: int = DEFAULT_MAX_SEQ,
                  devices: Sequence[int] | None = None, ray: str | None = None, dtype: str | None = None,
-                 say: Callable[[str], None] = print) -> tuple[Pipeline, list[StageBuildOutcome]]:
-    """Export (from an HF directory) and build every stage of ``model`` into ``output``."""
+                 graph: str = "decode", say: Callable[[str], None] = print) -> tuple[Pipeline, list[StageBuildOutcome]]:
+    """Export (from an HF directory, ``graph`` decode or paged) and build every stage of ``model``
+    into ``output``."""
     from dsa_export.build.stages import StageExportSettings, export_stages
     from dsa_export.export.settings import ExportSettings
 
@@ -146,14 +163,14 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         export_folder = output / EXPORT_DIR
         say(f"Exporting the stages of {model} into {export_folder} ...")
         exported, _ = export_stages(model, export_folder, StageExportSettings(
-            stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch, max_seq=max_seq, graph="decode",
+            stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch, max_seq=max_seq, graph=graph,
             export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
     else:
         raise DSAUserError(f"{model} is neither a Hugging Face checkpoint directory nor a stage export folder "
                            "(no config.json, no pipeline.json).")
-    if exported.graph != "decode":
-        raise DSAUserError(f"the stages in {export_folder} are {exported.graph} graphs; a stage build needs decode "
-                           "graphs (export them with --graph decode), so that generation can keep caches.")
+    if exported.graph not in ("decode", "paged"):
+        raise DSAUserError(f"the stages in {export_folder} are {exported.graph} graphs; a stage build needs decode or "
+                           "paged graphs (export them with --graph paged), so that generation can keep caches.")
     count = len(exported.stages)
     if devices is not None and len(devices) != count:
         raise DSAUsageError(f"--devices names {len(devices)} GPU(s) for {count} stages; give one per stage.")
@@ -164,7 +181,12 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
             previous = {s.index: s for s in read_pipeline(output).stages}
         except DSAUserError as exc:
             log.warning("ignoring the existing %s (%s)", output / PIPELINE_NAME, exc)
-    prefill, decode = decode_profiles(max_batch, max_seq)
+    if exported.graph == "paged":
+        from dsa_export.runtime.paged import page_size
+
+        prefill, decode = paged_profiles(max_batch, max_seq, page_size(exported.stages[0].inputs))
+    else:
+        prefill, decode = decode_profiles(max_batch, max_seq)
     # The engine gets both profiles; the ONNX Runtime artifact (one range) takes their union.
     base = replace(settings, ranges=combined((prefill, decode)), profiles=(ShapeRange(prefill), ShapeRange(decode)),
                    timing_cache=output / TIMING_CACHE, force=True, model=None, output=output)

@@ -52,14 +52,17 @@ from dsa_export.hf.plan import DEFAULT_MAX_SEQ
                    "`plan` and `export --stages`).")
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="With stages: build each stage as a Ray task on a node with its own GPU (needs dsa-export[ray]).")
+@click.option("--graph", type=click.Choice(["decode", "paged"]), default=None,
+              help="With --stages from a checkpoint: the stages' graph (default decode; paged: cache pools written "
+                   "in place, ragged batches, last-token logits).")
 @json_options
 def command(model: str | None, output: Path, precision: str | None, backend: str, min_shapes: str | None,
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
             version_compatible: bool, hardware_compatibility: str, optimization_level: int,
             rtx_targets: tuple[str, ...], calibration_data: str | None, skip_checks: bool, no_validate: bool,
             force: bool, device: int, stages: str | None, gpu_memory: str | None, gpus: int | None,
-            devices: str | None, max_batch: int, max_seq: int, ray_address: str | None, as_json: bool,
-            json_out: Path | None) -> None:
+            devices: str | None, max_batch: int, max_seq: int, ray_address: str | None, graph: str | None,
+            as_json: bool, json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
     MODEL is what `dsa-export export` takes, or an exported .onnx (the export stage is then skipped;
@@ -84,11 +87,11 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
         validate=not no_validate, calibration_data=calibration_data, force=force, device=device,
     )
     staged = stages is not None or (model is not None and (Path(model) / "pipeline.json").is_file())
-    if not staged and any(v is not None for v in (gpu_memory, gpus, devices, ray_address)):
-        raise click.UsageError("--gpu-memory, --gpus, --devices and --ray apply to stage builds; add --stages.")
+    if not staged and any(v is not None for v in (gpu_memory, gpus, devices, ray_address, graph)):
+        raise click.UsageError("--gpu-memory, --gpus, --devices, --ray and --graph apply to stage builds; add --stages.")
     if staged:
         _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
-                      as_json, json_out)
+                      graph, as_json, json_out)
         return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
     result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
@@ -98,7 +101,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
 
 
 def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
-                  as_json, json_out) -> None:
+                  graph, as_json, json_out) -> None:
     import time
 
     from dsa_export.build.stage_build import build_stages, stage_build_table
@@ -107,6 +110,9 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
 
     if model is None:
         raise click.UsageError("a stage build needs MODEL: a Hugging Face checkpoint directory or a stage export folder.")
+    if graph is not None and stages is None:
+        raise click.UsageError("--graph applies when building a checkpoint with --stages; a stage export folder keeps "
+                               "the graph it was exported with.")
     if settings.ranges != DEFAULT_RANGE:
         raise click.UsageError("--min/--opt/--max-shapes do not apply to stage builds: their prefill and decode "
                                "profiles come from --max-batch and --max-seq.")
@@ -130,7 +136,7 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     pipeline, outcomes = build_stages(model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus,
                                       max_batch=max_batch, max_seq=max_seq, devices=device_list, ray=ray_address,
                                       dtype=settings.precision if settings.precision in ("fp32", "fp16", "bf16") else None,
-                                      say=lambda line: click.echo(line, file=user_stderr()))
+                                      graph=graph or "decode", say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "
         f"{output / 'pipeline.json'}.", as_json)

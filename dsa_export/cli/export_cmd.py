@@ -29,9 +29,11 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
                    "DeepSeek-V3.2 and GLM-5), fp32 for other models. FP8 weights stay FP8 unless --dequantize-fp8.")
 @click.option("--opset", type=click.IntRange(SUPPORTED_OPSETS.start, SUPPORTED_OPSETS.stop - 1), default=None,
               help="Standard-domain ONNX opset. Default: 18, or 21 for FP8 weights (blocked DequantizeLinear).")
-@click.option("--graph", type=click.Choice(["prefill", "decode"]), default=None,
-              help="Hugging Face models: prefill (the whole prompt; default for one file) or a decode step with "
-                   "explicit caches (default with --stages: what `build` and `generate` run on stages).")
+@click.option("--graph", type=click.Choice(["prefill", "decode", "paged"]), default=None,
+              help="Hugging Face models: prefill (the whole prompt; default for one file), a decode step with "
+                   "explicit caches concatenated each step (default with --stages), or paged: the serving step "
+                   "(cache pools of 64-token pages written in place, ragged rows, chunked prefill, last-token "
+                   "logits; what `generate` runs best).")
 @click.option("--layers", type=LAYER_SPAN, default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
 @click.option("--stages", type=StageCount(), default=None,

@@ -7,12 +7,24 @@ through ``dsa::sparse_attention`` in DeepSeek's absorbed MQA form (one latent ke
 kv_lora_rank + qk_rope_head_dim, Dv = kv_lora_rank). So the exported graph has one DSAIndexerTopK
 per full indexer layer and one DSASparseAttention per layer.
 
-Three graph shapes:
+Four graph shapes:
 
 * ``prefill``: ``input_ids, attention_mask -> logits``;
 * ``decode``: additionally the per-layer caches ``past_latent_i [B,P,kv_lora+rope]`` and
   ``past_index_keys_i [B,P,index_head_dim]`` in, ``present_*`` (``[B,P+S,...]``) out, with a
-  dynamic past length P (0 for the first step);
+  dynamic past length P (0 for the first step). Each step copies every cache (Concat);
+* ``paged``: the serving form (prefill, chunked prefill and decode in one graph, ragged rows).
+  ``input_ids [B,S], query_start [B], query_lengths [B], block_table [B,M]`` and, per layer, a
+  latent pool ``past_latent_pool_i [pages, PAGE_SIZE, kv_lora+rope]`` and (full indexer layers)
+  an index-key pool ``past_index_key_pool_i [pages, PAGE_SIZE, index_head_dim]`` in;
+  ``logits [B, vocab]`` (the last new token of each row) and ``present_*_pool_i`` (the same pools
+  with this call's tokens written by ScatterND) out. Row ``b`` holds ``query_lengths[b]`` new
+  tokens at logical positions ``query_start[b] + s``; logical position ``t`` lives in page
+  ``block_table[b, t // PAGE_SIZE]``. Attention and indexer read the written pools through the
+  block table (``DSASparseAttentionPaged``, ``DSAIndexerTopKPaged``). Page 0 is the scratch page:
+  padding tokens (``s >= query_lengths[b]``) are written there, so a runtime never hands page 0
+  to a sequence. A runtime that binds each ``present`` pool to its ``past`` buffer (ONNX Runtime
+  IO binding) writes only the new tokens' rows;
 * a layer slice ``A:B``: ``hidden_states [B,S,hidden], attention_mask`` (+ ``prev_topk_indices``
   when layer A reuses an earlier layer's selection) ``-> hidden_states`` (+ ``topk_indices``).
   A pipeline stage is a slice that also embeds (``embed``: ``input_ids`` in, the first stage)
@@ -22,9 +34,9 @@ The transformers model may live on the meta device (weights streamed into the ON
 exporter, see :mod:`dsa_export.hf.weights`); only the modules of layers A..B (plus embedding and
 head where the graph has them) are traced.
 
-Padding follows transformers' attention_mask convention with right padding: key ``t`` of row
-``b`` is valid when ``t < attention_mask[b].sum()``. Left-padded or ragged decode batches are not
-representable by the op's ``lengths`` and are refused by the runtime helpers.
+Padding of the prefill and decode graphs follows transformers' attention_mask convention with right
+padding: key ``t`` of row ``b`` is valid when ``t < attention_mask[b].sum()``. Left-padded or ragged
+decode batches are not representable by the op's ``lengths``: the paged graph is the ragged form.
 """
 
 from __future__ import annotations
@@ -33,7 +45,17 @@ import torch
 from torch import nn
 
 from dsa_export.hf.weights import FP8Linear, linear_weight
-from dsa_export.ops import dsa_indexer_topk, dsa_sparse_attention
+from dsa_export.ops import (
+    dsa_indexer_topk,
+    dsa_indexer_topk_paged,
+    dsa_sparse_attention,
+    dsa_sparse_attention_paged,
+)
+
+#: Tokens per cache page of the paged graph (FlashMLA's and vLLM's MLA page).
+PAGE_SIZE = 64
+#: Inputs of the paged graph that say where each row's tokens go (besides input_ids / hidden_states).
+PAGED_CONTROLS = ("query_start", "query_lengths", "block_table")
 
 
 def route_experts(hf_model) -> None:
@@ -93,10 +115,16 @@ class DSAExportModel(nn.Module):
         return list(range(self.start, self.stop))
 
     def input_names(self) -> list[str]:
-        names = ["input_ids" if self.embed else "hidden_states", "attention_mask"]
+        first = "input_ids" if self.embed else "hidden_states"
+        names = [first, *PAGED_CONTROLS] if self.graph == "paged" else [first, "attention_mask"]
         if self.needs_prev_indices:
             names.append("prev_topk_indices")
-        if self.graph == "decode":
+        if self.graph == "paged":
+            for i in self.layer_ids:
+                names.append(f"past_latent_pool_{i}")
+                if self.indexer_types[i] == "full":
+                    names.append(f"past_index_key_pool_{i}")
+        elif self.graph == "decode":
             for i in self.layer_ids:
                 names.append(f"past_latent_{i}")
                 if self.indexer_types[i] == "full":
@@ -107,7 +135,12 @@ class DSAExportModel(nn.Module):
         names = ["logits" if self.head else "hidden_states_out"]
         if self.emits_indices:
             names.append("topk_indices")
-        if self.graph == "decode":
+        if self.graph == "paged":
+            for i in self.layer_ids:
+                names.append(f"present_latent_pool_{i}")
+                if self.indexer_types[i] == "full":
+                    names.append(f"present_index_key_pool_{i}")
+        elif self.graph == "decode":
             for i in self.layer_ids:
                 names.append(f"present_latent_{i}")
                 if self.indexer_types[i] == "full":
@@ -115,7 +148,7 @@ class DSAExportModel(nn.Module):
         return names
 
     # -- the computation -------------------------------------------------------------------------
-    def _indexer(self, indexer, x, q_resid, cos, sin, past_keys, lengths):
+    def _indexer(self, indexer, x, q_resid, cos, sin, past_keys, lengths, paged=None):
         b, s, _ = x.shape
         cfg = self.hf.config
         q = indexer.wq_b(q_resid).view(b, s, indexer.n_heads, indexer.head_dim)
@@ -127,14 +160,19 @@ class DSAExportModel(nn.Module):
         q_rot, k_rot = apply(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
         q = torch.cat([q_rot, q_pass], dim=-1)
         k_new = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)  # [B,S,D]
-        keys = k_new if past_keys is None else torch.cat([past_keys, k_new], dim=1)
         # transformers keeps weights_proj in float32 and computes the head weights there.
         wp_dtype = torch.float32 if isinstance(indexer.weights_proj, FP8Linear) else indexer.weights_proj.weight.dtype
         w = indexer.weights_proj(x.to(wp_dtype)).float() * indexer.n_heads**-0.5
+        if paged is not None:
+            pool = paged.write(past_keys, k_new)
+            indices = dsa_indexer_topk_paged(q, pool, w, paged.block_table, paged.query_start, paged.lengths,
+                                             topk=indexer.index_topk, scale=indexer.softmax_scale)
+            return indices, pool
+        keys = k_new if past_keys is None else torch.cat([past_keys, k_new], dim=1)
         indices = dsa_indexer_topk(q, keys, w, lengths, topk=indexer.index_topk, scale=indexer.softmax_scale)
         return indices, k_new
 
-    def _attention(self, attn, x, cos, sin, past_latent, past_index_keys, lengths, prev_indices):
+    def _attention(self, attn, x, cos, sin, past_latent, past_index_keys, lengths, prev_indices, paged=None):
         b, s, _ = x.shape
         h, nope, rope, v_dim, c = (attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim,
                                    attn.v_head_dim, attn.kv_lora_rank)
@@ -145,11 +183,15 @@ class DSAExportModel(nn.Module):
         kv_pass = attn.kv_a_layernorm(kv_pass)
         q_rot, k_rot = self.apply_rope_interleave(q_rot, k_rot.unsqueeze(2), cos, sin, unsqueeze_dim=2)
         latent_new = torch.cat([kv_pass, k_rot.squeeze(2)], dim=-1)  # [B,S,C+rope]: what the cache holds
-        latent = latent_new if past_latent is None else torch.cat([past_latent, latent_new], dim=1)
+        if paged is not None:
+            latent = paged.write(past_latent, latent_new)  # the pool with this call's tokens
+        else:
+            latent = latent_new if past_latent is None else torch.cat([past_latent, latent_new], dim=1)
 
         index_keys_new = None
         if attn.indexer is not None:
-            indices, index_keys_new = self._indexer(attn.indexer, x, q_resid, cos, sin, past_index_keys, lengths)
+            indices, index_keys_new = self._indexer(attn.indexer, x, q_resid, cos, sin, past_index_keys, lengths,
+                                                    paged)
         else:
             indices = prev_indices
 
@@ -159,7 +201,11 @@ class DSAExportModel(nn.Module):
         q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B,S,H,C]
         q_full = torch.cat([q_lat, q_rot], dim=-1)
         # The values are the first kv_lora_rank channels of the latent keys: gathered once.
-        out = dsa_sparse_attention(q_full, latent[:, :, None], None, indices, scale=attn.scaling, v_head_dim=c)
+        if paged is not None:
+            out = dsa_sparse_attention_paged(q_full, latent[:, :, None], None, indices, paged.block_table,
+                                             scale=attn.scaling, v_head_dim=c)
+        else:
+            out = dsa_sparse_attention(q_full, latent[:, :, None], None, indices, scale=attn.scaling, v_head_dim=c)
         out = torch.matmul(out.transpose(1, 2), w_uv.transpose(1, 2)).transpose(1, 2)  # [B,S,H,v]
         return attn.o_proj(out.reshape(b, s, h * v_dim)), indices, latent, index_keys_new
 
@@ -171,29 +217,72 @@ class DSAExportModel(nn.Module):
         model = self.hf.model
         x = model.embed_tokens(feed["input_ids"]) if self.embed else feed["hidden_states"]
         b, s = x.shape[:2]
-        mask = feed["attention_mask"]
-        lengths = mask.sum(-1).to(torch.int32)  # valid keys per row (right padding)
-        past = feed.get(f"past_latent_{self.start}")
-        past_len = 0 if past is None else past.shape[1]
-        position_ids = (torch.arange(s, device=x.device) + past_len).unsqueeze(0).expand(b, -1)
+        paged = None
+        if self.graph == "paged":
+            paged = PagedStep(feed["query_start"], feed["query_lengths"], feed["block_table"], s,
+                              feed[f"past_latent_pool_{self.start}"].shape[0])
+            lengths, position_ids = paged.lengths, paged.positions
+        else:
+            mask = feed["attention_mask"]
+            lengths = mask.sum(-1).to(torch.int32)  # valid keys per row (right padding)
+            past = feed.get(f"past_latent_{self.start}")
+            past_len = 0 if past is None else past.shape[1]
+            position_ids = (torch.arange(s, device=x.device) + past_len).unsqueeze(0).expand(b, -1)
         cos, sin = model.rotary_emb(x, position_ids=position_ids)
 
+        pool = "_pool" if paged is not None else ""
         prev = feed.get("prev_topk_indices")
         presents = []
         for i in self.layer_ids:
             layer = model.layers[i]
+            past_keys = feed.get(f"past_index_key_pool_{i}" if paged is not None else f"past_index_keys_{i}")
             attn_out, prev, latent, index_keys = self._attention(
-                layer.self_attn, layer.input_layernorm(x), cos, sin, feed.get(f"past_latent_{i}"),
-                feed.get(f"past_index_keys_{i}"), lengths, prev,
+                layer.self_attn, layer.input_layernorm(x), cos, sin, feed.get(f"past_latent{pool}_{i}"),
+                past_keys, lengths, prev, paged,
             )
             x = x + attn_out
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            if self.graph == "decode":
+            if paged is not None:
+                presents.append(latent)
+                if index_keys is not None:
+                    presents.append(index_keys)
+            elif self.graph == "decode":
                 presents.append(latent)
                 if index_keys is not None:  # shared layers keep no indexer cache of their own
-                    past_keys = feed.get(f"past_index_keys_{i}")
                     presents.append(index_keys if past_keys is None else torch.cat([past_keys, index_keys], dim=1))
-        outputs = [self.hf.lm_head(model.norm(x)) if self.head else x]
+        if self.head:
+            if paged is not None:  # only the last new token of each row: [B, vocab]
+                last = (feed["query_lengths"].long() - 1).clamp(min=0)
+                x = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
+            outputs = [self.hf.lm_head(model.norm(x))]
+        else:
+            outputs = [x]
         if self.emits_indices:
             outputs.append(prev)
         return tuple(outputs + presents)
+
+
+class PagedStep:
+    """Where one call of the paged graph reads and writes: per-row logical positions of the new
+    tokens, the rows' key counts after the call, and each new token's (page, offset) in the pools
+    (padding tokens go to the scratch page 0)."""
+
+    def __init__(self, query_start: torch.Tensor, query_lengths: torch.Tensor, block_table: torch.Tensor, s: int,
+                 pages: int):
+        start = query_start.long()
+        count = query_lengths.long()
+        steps = torch.arange(s, device=start.device)
+        self.positions = start[:, None] + steps[None, :]  # [B,S] logical positions (RoPE too)
+        self.query_start = query_start.to(torch.int32)
+        self.lengths = (start + count).to(torch.int32)
+        self.block_table = block_table.to(torch.int32)
+        blocks = block_table.shape[1]
+        block = torch.clamp(torch.div(self.positions, PAGE_SIZE, rounding_mode="floor"), max=blocks - 1)
+        page = block_table.long().gather(1, block)
+        real = (steps[None, :] < count[:, None]) & (page >= 0) & (page < pages)
+        self.pages = torch.where(real, page, torch.zeros_like(page))
+        self.offsets = torch.where(real, self.positions % PAGE_SIZE, torch.zeros_like(page))
+
+    def write(self, pool: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """``pool [pages, PAGE_SIZE, W]`` with the new tokens ``[B,S,W]`` written (ScatterND)."""
+        return pool.index_put((self.pages, self.offsets), new.to(pool.dtype))

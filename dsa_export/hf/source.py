@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from dsa_export.errors import DSAUserError
+from dsa_export.hf.model import PAGE_SIZE
 from dsa_export.model_ref import ModelReference
 from dsa_export.sources import ModelSource
 
-GRAPHS = ("prefill", "decode")
+GRAPHS = ("prefill", "decode", "paged")
 #: Past length of the traced decode example (any length >= 0 works at run time).
 EXAMPLE_PAST = 3
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -159,13 +160,21 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
             # Hidden states of the scale the embedding produces (transformers initializes it with
             # std initializer_range; real checkpoints are of that order too).
             feed["hidden_states"] = torch.randn(b, s, cfg.hidden_size, generator=gen)
-        feed["attention_mask"] = torch.ones(b, p + s, dtype=torch.int64)
+        if graph == "paged":
+            feed.update(paged_example(b, s, past, gen))
+        else:
+            feed["attention_mask"] = torch.ones(b, p + s, dtype=torch.int64)
         if wrapper.needs_prev_indices:
             # A valid causal selection: each query's most recent index_topk positions.
             pos = torch.arange(s)[:, None] - torch.arange(cfg.index_topk)[None, :]
             feed["prev_topk_indices"] = torch.where(pos >= 0, pos, -1).to(torch.int32).expand(b, -1, -1).contiguous()
+        pages = int(feed["block_table"].max()) + 1 if graph == "paged" else 0
         for name in wrapper.input_names():
-            if name.startswith("past_latent_"):
+            if name.startswith("past_latent_pool_"):
+                feed[name] = torch.randn(pages, PAGE_SIZE, cfg.kv_lora_rank + cfg.qk_rope_head_dim, generator=gen)
+            elif name.startswith("past_index_key_pool_"):
+                feed[name] = torch.randn(pages, PAGE_SIZE, cfg.index_head_dim, generator=gen)
+            elif name.startswith("past_latent_"):
                 feed[name] = torch.randn(b, p, cfg.kv_lora_rank + cfg.qk_rope_head_dim, generator=gen)
             elif name.startswith("past_index_keys_"):
                 feed[name] = torch.randn(b, p, cfg.index_head_dim, generator=gen)
@@ -173,7 +182,13 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
 
     axes: dict[str, dict[int, str]] = {}
     for name in wrapper.input_names():
-        if name.startswith("past_"):
+        if "_pool_" in name:
+            axes[name] = {0: "pages"}
+        elif name in ("query_start", "query_lengths"):
+            axes[name] = {0: "batch"}
+        elif name == "block_table":
+            axes[name] = {0: "batch", 1: "max_pages"}
+        elif name.startswith("past_"):
             axes[name] = {0: "batch", 1: "past_sequence"}
         elif name == "attention_mask" and graph == "decode":
             axes[name] = {0: "batch", 1: "total_sequence"}
@@ -206,8 +221,8 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         input_names=wrapper.input_names(),
         dynamic_axes=axes,
         # transformers (only the graph's layers, loaded streamed) is the reference of prefill
-        # graphs, whole or sliced; a decode step is compared with our module (itself tested
-        # against transformers' generate).
+        # graphs, whole or sliced; a decode or paged step is compared with our module (itself
+        # tested against transformers' generate).
         reference_loader=load_transformers if graph == "prefill" else None,
         make_inputs=make_inputs,
         weights=CheckpointWeights(wrapper.hf, checkpoint, block),
@@ -217,6 +232,24 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         min_opset=_fp8_opset(model),
         module_loader=load_module,
     )
+
+
+def paged_example(b: int, s: int, past: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Control inputs of a paged call: every row has ``past`` cached and ``s`` new tokens (one start
+    position, which validation's near-tie verdict takes; ragged rows are tested against
+    transformers' generate), its pages in shuffled order (page 0 stays scratch) and unused -1
+    table entries."""
+    starts = [past] * b
+    counts = [s] * b
+    need = [-(-(st + s) // PAGE_SIZE) for st in starts]  # pages of each row's positions < start + S
+    blocks = max(need) + 2
+    order = (torch.randperm(sum(need), generator=gen) + 1).tolist()
+    table = torch.full((b, blocks), -1, dtype=torch.int32)
+    for row, n in enumerate(need):
+        table[row, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    return {"query_start": torch.tensor(starts, dtype=torch.int32),
+            "query_lengths": torch.tensor(counts, dtype=torch.int32), "block_table": table}
 
 
 def _fp8_opset(model) -> int | None:

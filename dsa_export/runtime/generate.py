@@ -3,7 +3,10 @@
 :func:`generate` drives a :class:`~dsa_export.runtime.pipeline.PipelineSession` (a stage export or
 stage build, local or on Ray, or one decode graph / build as a pipeline of one stage): the first
 call feeds the whole prompt with empty caches, every further call feeds the previous token; the
-stages keep their caches per slot (:meth:`PipelineSession.forward`). Greedy decoding (temperature
+stages keep their caches per slot (:meth:`PipelineSession.forward`). Over a paged graph the prompts
+may have different lengths (each row says where its tokens go: ``query_start``,
+``query_lengths``, pages from the pipeline's allocator), the prefill may be cut into chunks of at
+most ``prefill_chunk`` tokens per row, and each call returns one row of logits per sequence. Greedy decoding (temperature
 0) takes the arg max of the last position's logits, as transformers' ``generate(do_sample=False)``
 does; with a temperature it samples from ``softmax(logits / T)`` restricted to the top-p nucleus,
 from a seeded generator. A sequence that produced an end-of-sequence id gets the pad id from then
@@ -36,6 +39,8 @@ class SamplingSettings:
         eos_token_ids: ids that end a sequence (empty: none does).
         pad_token_id: what an ended sequence gets; default the first end-of-sequence id.
         micro_batches: parts the batch is split into, so that pipeline stages overlap.
+        prefill_chunk: prompt tokens per row and call (paged graphs; None: the whole prompt in one
+            call). Smaller chunks bound the prefill's working memory.
     """
 
     max_new_tokens: int = 32
@@ -45,8 +50,11 @@ class SamplingSettings:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     micro_batches: int = 1
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise DSAUsageError(f"--prefill-chunk must be at least 1; got {self.prefill_chunk}.")
         if self.max_new_tokens < 1:
             raise DSAUsageError(f"--max-new-tokens must be at least 1; got {self.max_new_tokens}.")
         if self.temperature < 0:
@@ -60,7 +68,7 @@ class GenerationResult:
     """The generated ids ``[B, n]`` and how long prefill and decode took."""
 
     tokens: np.ndarray
-    prompt_tokens: int  # B * L
+    prompt_tokens: int  # the prompts' tokens, all rows
     prefill_seconds: float
     decode_seconds: float
     steps: int  # calls after the prefill
@@ -109,34 +117,62 @@ def require_decode_graph(model) -> None:
     names = {spec.name for spec in model.step_inputs}
     if "input_ids" not in names or not any(spec.name.startswith("past_") for spec in model.inputs):
         raise DSAUserError("this model is not a decode graph (it has no input_ids or no past_* caches); export it "
-                           "with --graph decode.")
+                           "with --graph paged (or --graph decode).")
 
 
-def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = SamplingSettings(),
-             on_tokens: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
-    """Continue ``prompt_ids [B, L]`` (equal-length prompts) by up to ``settings.max_new_tokens``.
+def prompt_rows(prompts) -> list[np.ndarray]:
+    """The prompts as one int64 array per row: a ``[B, L]`` array or a list of id lists."""
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
+        rows = list(prompts)
+    elif isinstance(prompts, (list, tuple)) and prompts:
+        rows = [np.asarray(row) for row in prompts]
+    else:
+        rows = [np.asarray(prompts)]
+    for index, row in enumerate(rows):
+        if row.ndim != 1 or row.size < 1 or not np.issubdtype(row.dtype, np.integer):
+            raise DSAUserError(f"prompt {index} must be a non-empty list of integer token ids; got {row.dtype} of "
+                               f"shape {list(row.shape)}.")
+    return [row.astype(np.int64) for row in rows]
 
-    ``model`` is a :class:`~dsa_export.runtime.pipeline.PipelineSession` over decode graphs;
-    ``on_tokens`` gets each step's ``[B]`` ids as soon as they are chosen (for streaming).
-    """
-    prompt = np.asarray(prompt_ids)
-    if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
-        raise DSAUserError(f"the prompt must be integer token ids of shape [batch, length]; got {prompt.dtype} "
-                           f"{list(prompt.shape)}.")
-    require_decode_graph(model)
-    notes: list[str] = []
-    steps = settings.max_new_tokens
+
+def _room(model, longest: int, steps: int, notes: list[str]) -> int:
+    """The steps the build's sequence limit leaves for prompts of up to ``longest`` tokens."""
     limit = model.sequence_limit()
-    if limit is not None:
-        if prompt.shape[1] > limit:
-            raise DSAUserError(f"the prompt has {prompt.shape[1]} tokens but this build holds at most {limit} per "
-                               "sequence; shorten the prompt or build with a larger --max-seq.")
-        # The last chosen token is not fed back, so a sequence of `limit` tokens yields limit - L + 1.
-        room = limit - prompt.shape[1] + 1
-        if room < steps:
-            notes.append(f"stopped after {room} new tokens of the {steps} asked: this build holds at most {limit} "
-                         "tokens per sequence (build with a larger --max-seq for more)")
-            steps = room
+    if limit is None:
+        return steps
+    if longest > limit:
+        raise DSAUserError(f"the prompt has {longest} tokens but this build holds at most {limit} per sequence; "
+                           "shorten the prompt or build with a larger --max-seq.")
+    # The last chosen token is not fed back, so a sequence of `limit` tokens yields limit - L + 1.
+    room = limit - longest + 1
+    if room < steps:
+        notes.append(f"stopped after {room} new tokens of the {steps} asked: this build holds at most {limit} "
+                     "tokens per sequence (build with a larger --max-seq for more)")
+        return room
+    return steps
+
+
+def generate(model, prompt_ids, settings: SamplingSettings = SamplingSettings(),
+             on_tokens: Callable[[np.ndarray], None] | None = None) -> GenerationResult:
+    """Continue the prompts by up to ``settings.max_new_tokens`` tokens each.
+
+    ``prompt_ids``: ``[B, L]`` ids, or (paged graphs) a list of id lists of different lengths.
+    ``model`` is a :class:`~dsa_export.runtime.pipeline.PipelineSession` over decode or paged
+    graphs; ``on_tokens`` gets each step's ``[B]`` ids as soon as they are chosen (for streaming).
+    """
+    rows = prompt_rows(prompt_ids)
+    require_decode_graph(model)
+    if getattr(model, "paged", False):
+        return _generate_paged(model, rows, settings, on_tokens)
+    if len({row.size for row in rows}) != 1:
+        raise DSAUserError(f"the prompts have different lengths ({', '.join(str(row.size) for row in rows)} tokens) "
+                           "and this decode graph takes one length per batch; export it with --graph paged, or give "
+                           "prompts of one length.")
+    if settings.prefill_chunk is not None:
+        raise DSAUsageError("--prefill-chunk needs a paged graph (export with --graph paged).")
+    prompt = np.stack(rows)
+    notes: list[str] = []
+    steps = _room(model, prompt.shape[1], settings.max_new_tokens, notes)
     rng = np.random.default_rng(settings.seed)
     batch = prompt.shape[0]
     eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
@@ -171,6 +207,75 @@ def generate(model, prompt_ids: np.ndarray, settings: SamplingSettings = Samplin
     finally:
         model.release(slot, settings.micro_batches)
     return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(prompt.size),
+                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1,
+                            notes=notes)
+
+
+def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
+                    on_tokens: Callable[[np.ndarray], None] | None) -> GenerationResult:
+    """:func:`generate` over a paged graph: ragged prompts, optional chunked prefill, last-token
+    logits; the sequences' pages are handed back at the end."""
+    notes: list[str] = []
+    lengths = np.array([row.size for row in rows], dtype=np.int64)
+    steps = _room(model, int(lengths.max()), settings.max_new_tokens, notes)
+    rng = np.random.default_rng(settings.seed)
+    batch = len(rows)
+    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
+    pad = settings.pad_token_id if settings.pad_token_id is not None else (int(eos[0]) if eos.size else 0)
+    pages = model.pages
+    slot = model.new_slot()
+    sequences = [(slot, row) for row in range(batch)]
+    cached = np.zeros(batch, dtype=np.int64)  # tokens each row has in the caches
+    finished = np.zeros(batch, dtype=bool)
+    generated: list[np.ndarray] = []
+    prefill_s = decode_s = 0.0
+
+    def call(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        for sequence, total in zip(sequences, cached + counts):
+            pages.ensure(sequence, int(total))
+        feeds = {"input_ids": ids, "query_start": cached.astype(np.int32), "query_lengths": counts.astype(np.int32),
+                 "block_table": pages.table(sequences)}
+        return model.forward(feeds, slot, settings.micro_batches)["logits"]
+
+    try:
+        # Prefill, whole or in chunks: each row's logits come from the call holding its last token.
+        chunk = settings.prefill_chunk or int(lengths.max())
+        last = np.zeros((batch, 0), dtype=np.float32)
+        began = time.perf_counter()
+        while (cached < lengths).any():
+            counts = np.minimum(lengths - cached, chunk)
+            width = int(counts.max())
+            ids = np.zeros((batch, width), dtype=np.int64)
+            for row in range(batch):
+                ids[row, : counts[row]] = rows[row][cached[row]: cached[row] + counts[row]]
+            logits = call(ids, counts)
+            if last.size == 0:
+                last = np.zeros_like(logits)
+            done = (counts > 0) & (cached + counts == lengths)
+            last[done] = logits[done]
+            cached += counts
+        prefill_s = time.perf_counter() - began
+        logits = last
+        for step in range(steps):
+            chosen = choose_tokens(logits, settings, rng).astype(np.int64)
+            chosen = np.where(finished, pad, chosen)
+            generated.append(chosen)
+            if on_tokens is not None:
+                on_tokens(chosen)
+            if eos.size:
+                finished |= np.isin(chosen, eos)
+                if finished.all():
+                    break
+            if step == steps - 1:
+                break
+            began = time.perf_counter()
+            logits = call(chosen[:, None], np.ones(batch, dtype=np.int64))
+            decode_s += time.perf_counter() - began
+            cached += 1
+    finally:
+        for sequence in sequences:
+            pages.release(sequence)
+    return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(lengths.sum()),
                             prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1,
                             notes=notes)
 
@@ -235,12 +340,16 @@ def load_tokenizer(path: Path):
         raise DSAUserError(f"{file} is not a tokenizer.json the tokenizers library reads ({exc}).") from exc
 
 
-def read_input_ids(path: Path) -> np.ndarray:
-    """Token ids ``[B, L]`` from a .npy file."""
+def read_input_ids(path: Path) -> np.ndarray | list[np.ndarray]:
+    """Token ids from a .npy file (``[B, L]`` or ``[L]``) or a .json file (a list of id lists, of
+    different lengths for a paged graph, or one list)."""
+    if path.suffix.lower() == ".json":
+        return _read_json_ids(path)
     try:
         ids = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise DSAUserError(f"cannot read token ids from {path} ({exc}); pass a .npy of integer ids, shape [B, L].") from exc
+        raise DSAUserError(f"cannot read token ids from {path} ({exc}); pass a .npy of integer ids, shape [B, L], or "
+                           "a .json list of id lists.") from exc
     if not isinstance(ids, np.ndarray):
         raise DSAUserError(f"{path} is an .npz archive; pass a .npy of integer ids (numpy.save), shape [B, L].")
     if ids.ndim == 1:
@@ -250,12 +359,38 @@ def read_input_ids(path: Path) -> np.ndarray:
     return ids.astype(np.int64)
 
 
+#: The largest .json of token ids read (64 Mi ids of about 8 characters).
+MAX_JSON_IDS_BYTES = 512 * 2**20
+
+
+def _read_json_ids(path: Path) -> list[np.ndarray]:
+    remedy = "pass a JSON list of token-id lists, e.g. [[1, 2, 3], [4, 5]]"
+    try:
+        if path.stat().st_size > MAX_JSON_IDS_BYTES:
+            raise DSAUserError(f"{path} is larger than {MAX_JSON_IDS_BYTES >> 20} MiB; {remedy} of fewer tokens, or a "
+                               ".npy.")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DSAUserError(f"cannot read token ids from {path} ({exc}); {remedy}.") from None
+    if isinstance(data, list) and data and all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        data = [data]
+    if not isinstance(data, list) or not data:
+        raise DSAUserError(f"{path} holds no list of prompts; {remedy}.")
+    rows = []
+    for index, row in enumerate(data):
+        if (not isinstance(row, list) or not row
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62 for x in row)):
+            raise DSAUserError(f"prompt {index} of {path} is not a non-empty list of non-negative integer ids; {remedy}.")
+        rows.append(np.asarray(row, dtype=np.int64))
+    return rows
+
+
 class TextStream:
     """Decodes each sequence's ids as they come and returns the new text. The prompt is decoded
     with them (tokenizers decode whole sequences better than pieces: byte-level pieces join up,
     and the space before the first new word is the decoder's to place)."""
 
-    def __init__(self, tokenizer, prompt_ids: np.ndarray):
+    def __init__(self, tokenizer, prompt_ids):
         self.tokenizer = tokenizer
         self.ids: list[list[int]] = [list(map(int, row)) for row in prompt_ids]
         self.prompt = [self._decode(row) for row in self.ids]
@@ -293,5 +428,5 @@ class TextStream:
 
 
 __all__ = ["GenerationResult", "SamplingSettings", "TextStream", "checkpoint_dir", "choose_tokens",
-           "end_of_sequence", "generate", "load_tokenizer", "read_input_ids", "recorded_checkpoint",
+           "end_of_sequence", "generate", "load_tokenizer", "prompt_rows", "read_input_ids", "recorded_checkpoint",
            "require_decode_graph"]

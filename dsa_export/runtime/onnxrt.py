@@ -231,12 +231,21 @@ class OrtSession(Session):
         interrupts.raise_if_cancelled()
         return {spec.name: value for spec, value in zip(self.outputs, outputs)}
 
-    def run_resident(self, feeds: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+    def binds_in_place(self) -> bool:
+        """Whether :meth:`run_resident` can bind an output to an input's buffer (the CPU provider)."""
+        return self.ort_session.get_providers()[0] == "CPUExecutionProvider"
+
+    def run_resident(self, feeds: dict[str, Any], keep: set[str], alias: dict[str, str] | None = None
+                     ) -> dict[str, Any]:
         """Run with inputs that may be this session's own earlier outputs, kept as ONNX Runtime
         values (the decode caches a pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`);
         the outputs named in ``keep`` come back as such values, the others as numpy. Through IO
         binding: a kept cache is never copied into or out of numpy between steps. Host inputs are
-        checked as :meth:`run` checks them; kept ones are the session's own outputs."""
+        checked as :meth:`run` checks them; kept ones are the session's own outputs.
+
+        ``alias`` ``{output: input}`` binds each such output to the OrtValue fed as that input, so a
+        node that updates it in place (ScatterND, TensorScatter) writes only the changed rows; no
+        other node may read the input (it holds the output's values once the update ran)."""
         import numpy as np
         import onnxruntime as ort
 
@@ -256,8 +265,13 @@ class OrtSession(Session):
                 array = np.ascontiguousarray(value)
                 alive.append(array)
                 binding.bind_cpu_input(name, array)
+        alias = alias or {}
         for spec in self.outputs:
-            binding.bind_output(spec.name, "cpu")
+            target = feeds.get(alias.get(spec.name, ""))
+            if isinstance(target, ort.OrtValue):
+                binding.bind_ortvalue_output(spec.name, target)
+            else:
+                binding.bind_output(spec.name, "cpu")
         options = self._options()
 
         def stop() -> None:

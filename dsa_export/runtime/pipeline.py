@@ -39,9 +39,16 @@ import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.manifest import Pipeline, StageFiles, TensorSpec, check_feeds, read_pipeline
+from dsa_export.runtime.paged import (
+    PAST,
+    PRESENT,
+    PageAllocator,
+    StagePools,
+    is_paged,
+    page_size,
+    pool_inputs,
+)
 from dsa_export.runtime.session import RUNTIME_CHOICES, Session
-
-PAST, PRESENT = "past_", "present_"
 
 
 def present_name(cache: str) -> str:
@@ -76,7 +83,9 @@ class LocalStage:
     picked), ``upstream`` the outputs of the stages named by the in-links. With a ``slot``, the
     stage's ``past_*`` inputs come from its own store (empty at the slot's first call) and its
     ``present_*`` outputs go back there instead of being returned; an engine session keeps them on
-    its GPU (``run_resident``), so a decode step moves only the hidden states.
+    its GPU (``run_resident``), so a decode step moves only the hidden states. A stage of a paged
+    graph keeps one set of pools for every slot (:class:`~dsa_export.runtime.paged.StagePools`):
+    the caller's block table says which pages a row owns.
     """
 
     def __init__(self, index: int, session: Session, links: Sequence[InLink], device: str):
@@ -85,8 +94,10 @@ class LocalStage:
         self.links = list(links)
         self.device = device
         self.names = [spec.name for spec in session.inputs]
-        self.cache_specs = {spec.name: spec for spec in session.inputs if spec.name.startswith(PAST)
-                            and present_name(spec.name) in {o.name for o in session.outputs}}
+        self.pools = StagePools(session, pool_inputs(session.inputs)) if is_paged(self.names) else None
+        self.cache_specs = {} if self.pools is not None else {
+            spec.name: spec for spec in session.inputs
+            if spec.name.startswith(PAST) and present_name(spec.name) in {o.name for o in session.outputs}}
         self.caches: dict[str, dict[str, np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -101,6 +112,8 @@ class LocalStage:
             mine[link.input] = upstream[link.source][link.output]
         if slot is None:
             return self.session.run(mine)
+        if self.pools is not None:
+            return self.pools.run(mine)
         with self._lock:
             past = self.caches.get(slot)
         if past is None:
@@ -126,10 +139,12 @@ class LocalStage:
         return empty
 
     def drop(self, slot: str | None = None) -> None:
-        """Forget one slot's caches, or every slot's."""
+        """Forget one slot's caches, or every slot's (a paged stage: its pools)."""
         with self._lock:
             if slot is None:
                 self.caches.clear()
+                if self.pools is not None:
+                    self.pools.clear()
             else:
                 self.caches.pop(slot, None)
 
@@ -233,6 +248,12 @@ class PipelineSession(Session):
         super().__init__(kind=kind, inputs=list(inputs.values()), outputs=outputs, notes=notes)
         self.step_inputs = [spec for spec in self.inputs if not spec.name.startswith(PAST)]
         self._slots = 0
+        #: A paged pipeline's pages (one allocator: every stage uses the same page ids).
+        self.pages = PageAllocator(page_size(self.inputs)) if self.paged else None
+
+    @property
+    def paged(self) -> bool:
+        return is_paged(spec.name for spec in self.inputs)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -320,9 +341,10 @@ class PipelineSession(Session):
 
     def forward(self, feeds: dict[str, np.ndarray], slot: str, micro_batches: int = 1) -> dict[str, np.ndarray]:
         """One prefill or decode step of the sequences of ``slot``: ``feeds`` has the step's inputs
-        (``input_ids``, ``attention_mask``), the stages keep the caches. With ``micro_batches``,
-        part ``m`` of the batch keeps its caches under ``{slot}/{m}``: call with the same count for
-        every step of a slot."""
+        (``input_ids``, ``attention_mask``; a paged graph: ``input_ids, query_start,
+        query_lengths, block_table`` with pages from :attr:`pages`), the stages keep the caches.
+        With ``micro_batches``, part ``m`` of the batch keeps its caches under ``{slot}/{m}``: call
+        with the same count for every step of a slot."""
         feeds = self._checked(feeds, self.step_inputs)
         parts = split_batch(feeds, micro_batches)
         slots: list[str | None] = [slot if micro_batches == 1 else f"{slot}/{m}" for m in range(micro_batches)]

@@ -85,10 +85,16 @@ class Session:
 
     def sequence_limit(self) -> int | None:
         """The most tokens one sequence may hold (prompt and generated), as the build's profiles
-        allow (``total_sequence``); None when nothing bounds it (an .onnx on ONNX Runtime)."""
+        allow (``total_sequence``; a paged graph: ``max_pages`` pages per row); None when nothing
+        bounds it (an .onnx on ONNX Runtime)."""
         if self.manifest is None:
             return None
         limits = [dims["total_sequence"][2] for dims in self.manifest.profile_sets if "total_sequence" in dims]
+        if any("max_pages" in dims for dims in self.manifest.profile_sets):
+            from dsa_export.runtime.paged import page_size
+
+            page = page_size(self.inputs)
+            limits += [dims["max_pages"][2] * page for dims in self.manifest.profile_sets if "max_pages" in dims]
         return max(limits) if limits else None
 
     def dim_names(self) -> set[str]:

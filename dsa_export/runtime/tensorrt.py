@@ -160,11 +160,16 @@ class EngineSession(Session):
         with self.torch.cuda.device(self.device_index):
             return self._run_on_device(feeds)
 
-    def run_resident(self, feeds: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+    def run_resident(self, feeds: dict[str, Any], keep: set[str], alias: dict[str, str] | None = None
+                     ) -> dict[str, Any]:
         """Run with inputs that may be torch tensors already on this GPU (the decode caches a
         pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`); the outputs named in
         ``keep`` stay there as torch tensors, the others come back as numpy. Host inputs are
-        checked as :meth:`run` checks them; device ones are the engine's own earlier outputs."""
+        checked as :meth:`run` checks them; device ones are the engine's own earlier outputs.
+
+        ``alias`` is not honoured: TensorRT's scatter layer (the paged graph's cache write) does not
+        alias its input, so each written pool comes back in its own buffer (only the
+        IKVCacheUpdateLayer and plugins declaring an aliased input may share one)."""
         from dsa_export.manifest import check_feeds
 
         host = {name: value for name, value in feeds.items() if not self.torch.is_tensor(value)}

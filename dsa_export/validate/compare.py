@@ -177,6 +177,10 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
     return source
 
 
+#: The indexer ops whose selections are judged per query row, near ties allowed.
+INDEXER_OPS = ("DSAIndexerTopK", "DSAIndexerTopKPaged")
+
+
 class TorchOpSelections:
     """A torch reference whose ``dsa.indexer_topk`` calls are recorded: per call the selection and
     the scores it was taken from, recomputed in float64 from the op's own inputs (``relu(scale *
@@ -205,15 +209,15 @@ class TorchOpSelections:
         class Capture(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                if getattr(func, "_qualified_op_name", None) == "dsa::indexer_topk" or str(func).startswith(
-                        "dsa.indexer_topk"):
-                    calls.append((args, kwargs or {}, out))
+                name = getattr(func, "_qualified_op_name", None) or str(func).replace(".", "::", 1)
+                if name.startswith(("dsa::indexer_topk_paged", "dsa::indexer_topk")):
+                    calls.append((name.startswith("dsa::indexer_topk_paged"), args, kwargs or {}, out))
                 return out
 
         with Capture():
             outputs = self.module(*args, **kwargs)
-        captured = {i: (out.detach().clone(), _index_scores(*call_args, **call_kwargs))
-                    for i, (call_args, call_kwargs, out) in enumerate(calls)}
+        captured = {i: (out.detach().clone(), (_paged_index_scores if paged else _index_scores)(*call_args, **call_kwargs))
+                    for i, (paged, call_args, call_kwargs, out) in enumerate(calls)}
         return (outputs if isinstance(outputs, tuple) else (outputs,)), captured
 
 
@@ -234,6 +238,27 @@ def _index_scores(q, k, w, lengths=None, topk=None, scale=1.0, causal=True):
     hidden = keys >= limit
     if causal:
         hidden = hidden | (keys > (t - s + torch.arange(s)).reshape(1, s, 1))
+    return scores.masked_fill(hidden, float("-inf"))
+
+
+def _paged_index_scores(q, k_pool, w, block_table, query_start, lengths, topk=None, scale=1.0, causal=True):
+    """float64 ``[B,S,M*page]`` index scores of one DSAIndexerTopKPaged call over logical key
+    positions (keys of invalid pages, past ``lengths`` or after the query's position at ``-inf``)."""
+    import torch
+
+    b, s = q.shape[0], q.shape[1]
+    n_pages, page = k_pool.shape[0], k_pool.shape[1]
+    table = block_table.detach().to(torch.int64)
+    t = table.shape[1] * page
+    ok_page = (table >= 0) & (table < n_pages)
+    keys = k_pool.detach()[torch.where(ok_page, table, 0)].reshape(b, t, -1)  # [B, M*page, D]
+    scores = _index_scores(q, keys, w, None, topk, scale, causal=False)
+    positions = torch.arange(t).reshape(1, 1, t)
+    hidden = ~ok_page.repeat_interleave(page, dim=1)[:, None, :]
+    hidden = hidden | (positions >= lengths.detach().to(torch.int64).reshape(b, 1, 1))
+    if causal:
+        first = query_start.detach().to(torch.int64).reshape(b, 1, 1)
+        hidden = hidden | (positions > first + torch.arange(s).reshape(1, s, 1))
     return scores.masked_fill(hidden, float("-inf"))
 
 
@@ -269,7 +294,7 @@ def with_indexer_outputs(model) -> tuple[bytes, list[str]]:
 
     model = copy.deepcopy(model)
     infos = {v.name: v for v in model.graph.value_info}
-    names = [n.output[0] for n in model.graph.node if n.domain == "dsa" and n.op_type == "DSAIndexerTopK"]
+    names = [n.output[0] for n in model.graph.node if n.domain == "dsa" and n.op_type in INDEXER_OPS]
     existing = {o.name for o in model.graph.output}
     for name in names:
         if name not in existing:
@@ -340,7 +365,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     else:
         reference, reference_name = source.runnable_module, "torch"
         reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
-        if any(n.op_type == "DSAIndexerTopK" for n in model.graph.node):
+        if any(n.op_type in INDEXER_OPS for n in model.graph.node):
             reference, select = TorchOpSelections(reference), True
     del transformers_reference
     recorder = _RecordingReference(reference) if select else None
@@ -390,6 +415,13 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 # A decode step's queries follow the cached keys: query s is key past + s.
                 past[k] = (int(feed["attention_mask"].shape[1]) - int(ours[0].shape[1])
                            if ours and "attention_mask" in feed else 0)
+                if "query_start" in feed:  # a paged call: every row's queries start at one position
+                    starts = np.asarray(feed["query_start"])
+                    if starts.size and (starts != starts.flat[0]).any():
+                        raise DSAUserError("validating a paged graph needs rows that start at one position "
+                                           "(query_start); give equal query_start values.")
+                    past[k] = int(starts.flat[0]) if starts.size else 0
+                    lengths = starts + np.asarray(feed["query_lengths"])
                 classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol,
                                                           past=past[k])
                 report.selections[seq_len] = classified
@@ -404,7 +436,7 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                         # Judged through the per-layer classification above.
                         actual[name] = np.asarray(expected[name])
                     else:
-                        _exclude_positions(expected, actual, name, excluded[k], past[k])
+                        _exclude_positions(expected, actual, name, excluded[k], past[k], feeds[k])
         compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
         verdict = Comparator.compare_accuracy(results, compare_func=compare)
     finally:
@@ -417,7 +449,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             ref = np.asarray(expected[name], dtype=np.float64)
             out = np.asarray(actual[name], dtype=np.float64)
             keep = None
-            aligned = _aligned(mask, ref.shape, past[k]) if mask is not None and name not in selections else None
+            aligned = (_aligned(mask, ref.shape, past[k], feeds[k]) if mask is not None and name not in selections
+                       else None)
             if aligned is not None:
                 keep = ~aligned
             r, o = (ref[keep], out[keep]) if keep is not None else (ref, out)
@@ -440,9 +473,12 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
     return report
 
 
-def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int) -> np.ndarray | None:
+def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int, feed: dict | None = None) -> np.ndarray | None:
     """The ``[B,S]`` query mask on an output's first two axes: queries (``[B,S,...]``) or, for a
-    decode step's ``present_*`` caches (``[B,past+S,...]``), the positions after the past."""
+    decode step's ``present_*`` caches (``[B,past+S,...]``), the positions after the past; for a
+    paged call's pools (``[pages, page, ...]``), the rows the masked queries were written to."""
+    if feed is not None and "block_table" in feed and len(shape) >= 2 and shape[1] != mask.shape[1]:
+        return _pool_mask(mask, shape, past, np.asarray(feed["block_table"]))
     if len(shape) < 2 or shape[0] != mask.shape[0]:
         return None
     if shape[1] == mask.shape[1]:
@@ -452,11 +488,24 @@ def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int) -> np.ndarray 
     return None
 
 
-def _exclude_positions(expected, actual, name: str, mask: np.ndarray, past: int = 0) -> None:
+def _pool_mask(mask: np.ndarray, shape: tuple[int, ...], past: int, table: np.ndarray) -> np.ndarray | None:
+    """``[pages, page]`` rows of a paged pool written by the masked ``[B,S]`` queries (query ``s``
+    of row ``b`` sits at logical position ``past + s``)."""
+    pages, page = shape[0], shape[1]
+    out = np.zeros((pages, page), dtype=bool)
+    for b, s in zip(*np.nonzero(mask)):
+        position = past + int(s)
+        block = position // page
+        if block < table.shape[1] and 0 <= table[b, block] < pages:
+            out[table[b, block], position % page] = True
+    return out
+
+
+def _exclude_positions(expected, actual, name: str, mask: np.ndarray, past: int = 0, feed: dict | None = None) -> None:
     """Copy the reference into ``actual`` at the excluded ``[B,S]`` positions (Polygraphy then
     judges the rest); the report counts what was left out."""
     ref, out = np.asarray(expected[name]), np.array(actual[name])
-    aligned = _aligned(mask, out.shape, past)
+    aligned = _aligned(mask, out.shape, past, feed)
     if aligned is not None:
         out[aligned] = ref[aligned].astype(out.dtype)
         actual[name] = out
@@ -477,7 +526,7 @@ def selection_outputs(model: onnx.ModelProto) -> set[str]:
         node = producers.get(output.name)
         while node is not None and node.op_type in ("Identity", "Cast") and node.domain in ("", "ai.onnx"):
             node = producers.get(node.input[0])
-        if node is not None and node.domain == "dsa" and node.op_type == "DSAIndexerTopK":
+        if node is not None and node.domain == "dsa" and node.op_type in INDEXER_OPS:
             found.add(output.name)
     return found
 

@@ -119,7 +119,8 @@ def compare_layer(layer: int, ours: np.ndarray, reference: np.ndarray, scores: n
 def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[np.ndarray, np.ndarray]],
                        lengths: np.ndarray, *, tie_rtol: float, tie_atol: float = 0.0,
                        diverged: np.ndarray | None = None, past: int = 0) -> tuple[list[LayerSelections], np.ndarray]:
-    """Every layer in order; returns the per-layer results and the final diverged mask ``[B,S]``
+    """Every layer in order; returns the per-layer results and the final mask ``[B,S]`` of queries
+    whose outputs may differ: diverged selections, and queries that attended to a diverged key
     (``past``: cached keys before the first query, in a decode step)."""
     layers = sorted(reference)
     if sorted(ours) != layers:
@@ -134,7 +135,7 @@ def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[n
         results.append(compare_layer(layer, ours[layer], reference[layer][0], reference[layer][1], lengths, diverged,
                                      tie_rtol=tie_rtol, tie_atol=tie_atol, past=past, tainted=tainted))
         _taint(reference[layer][0], diverged, tainted, past)
-    return results, diverged
+    return results, diverged | tainted
 
 
 def _taint(selected: np.ndarray, diverged: np.ndarray, tainted: np.ndarray, past: int = 0) -> None:
