@@ -76,12 +76,15 @@ def _unchunk(b: Body, stacked: str, rank: int, s_len: str) -> str:
     return b("Slice", merged, b.const([0]), _one_d(b, s_len), b.const([1]))
 
 
-def _chunk_scores(t: Body, q_scaled: str, wf: str, k_t: str, row: str) -> str:
-    """[B,rows,T] indexer scores of one chunk of queries: sum_h w * ReLU(q.k), q already scaled."""
-    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
-    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([2]))  # [B,rows,1,H]
-    relu = t("Relu", t("MatMul", q_c, k_t))  # [B,rows,H,T]
-    return t("Squeeze", t("MatMul", w_c, relu), t.const([2]))
+def _chunk_scores(t: Body, q_scaled: str, wf: str, keys: str, row: str) -> str:
+    """[B,rows,T] indexer scores of one chunk of queries: sum_h w * ReLU(q.k), q already scaled.
+
+    ``keys`` is ``[B,1,T,D]``: the chunk's queries are transposed (``[B,rows,D,H]``, small), never
+    the keys, so no ``[B,D,T]`` copy of the key cache is made; the products are ``[B,rows,T,H]``."""
+    q_c = t("Transpose", t("Gather", q_scaled, row, axis=1), perm=[0, 1, 3, 2])  # [B,rows,D,H]
+    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([3]))  # [B,rows,H,1]
+    relu = t("Relu", t("MatMul", keys, q_c))  # [B,rows,T,H]
+    return t("Squeeze", t("MatMul", relu, w_c), t.const([3]))
 
 
 def _chunk_topk(t: Body, allowed: str, scores: str, neg_inf: str, pad: str, topk_1d: str) -> str:
@@ -100,9 +103,9 @@ def indexer_function(opset: int) -> FunctionProto:
     batch, s_len, heads = _scalar(b, q_shape, 0), _scalar(b, q_shape, 1), _scalar(b, q_shape, 2)
     t_len = _scalar(b, b("Shape", "k"), 1)
     topk = b.ref("topk", AttributeProto.INT)
-    # Scale the queries first (as the torch op does), then one [B,rows,H,D] x [B,1,D,T] product a chunk.
+    # Scale the queries first (as the torch op does), then one [B,1,T,D] x [B,rows,D,H] product a chunk.
     q_scaled = b("Mul", qf, b.ref("scale", AttributeProto.FLOAT))
-    k_t = b("Unsqueeze", b("Transpose", kf, perm=[0, 2, 1]), b.const([1]))  # [B,1,D,T]
+    k_t = b("Unsqueeze", kf, b.const([1]))  # [B,1,T,D]
     per_row = b("Mul", b("Mul", batch, heads), b("Add", t_len, topk))
     rows, trips, offsets = _chunking(b, s_len, per_row)
     last_row = b("Sub", s_len, b.const(1))

@@ -64,7 +64,7 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     pages = b("Where", page_ok, table, b.const(0))
     keys = b("Cast", b("Gather", "k_pool", pages, axis=0), to=F32)  # [B,M,page,D]
     keys = b("Reshape", keys, _dims(b, batch, t_len, dim), allowzero=1)  # [B,T,D]
-    k_t = b("Unsqueeze", b("Transpose", keys, perm=[0, 2, 1]), b.const([1]))  # [B,1,D,T]
+    k_t = b("Unsqueeze", keys, b.const([1]))  # [B,1,T,D]
     per_row = b("Mul", b("Mul", batch, heads), b("Add", t_len, topk))
     rows, trips, offsets = _chunking(b, s_len, per_row)
     last_row = b("Sub", s_len, b.const(1))
