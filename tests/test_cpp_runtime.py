@@ -23,7 +23,7 @@ import pytest
 
 SOURCES = Path(__file__).resolve().parents[1] / "tools" / "cpp_runtime"
 PLAN_SOURCES = ("pipeline.cpp", "json.cpp", "engine_gate.cpp")
-RUNNER_SOURCES = ("main.cpp", "runner.cpp")
+RUNNER_SOURCES = ("main.cpp", "runner.cpp", "engine_io.cpp", "generate.cpp")
 FLAGS = ("-std=c++17", "-Wall", "-Wextra", "-Werror")
 HIDDEN = 64
 
@@ -476,8 +476,14 @@ def test_runner_links_and_stops_cleanly_without_a_gpu(runner_objects, plan_objec
     good_pipeline(tmp_path / "pipe")
     usage = subprocess.run([str(binary)], capture_output=True, text=True, timeout=30)
     assert usage.returncode == 2 and usage.stderr.startswith("Error: usage: dsa_runtime PATH"), usage.stderr
-    run = subprocess.run([str(binary), str(tmp_path / "pipe")], capture_output=True, text=True, timeout=30)
-    if run.returncode == 1 and "no CUDA GPU is usable here" in run.stderr:
-        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
-    else:  # a machine with a GPU: the plan is read, then the stub's runtime is refused
-        assert run.returncode == 1 and run.stderr.startswith("Error: "), run.stderr
+    bad = subprocess.run([str(binary), str(tmp_path / "pipe"), "--generate", "0"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2 and "--generate takes the number of tokens" in bad.stderr, bad.stderr
+    for extra in ([], ["--generate", "4"]):
+        run = subprocess.run([str(binary), str(tmp_path / "pipe"), *extra], capture_output=True, text=True, timeout=30)
+        if run.returncode == 1 and "no CUDA GPU is usable here" in run.stderr:
+            assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        elif extra:  # a machine with a GPU: the plan is read and refused, its stages are not paged graphs
+            assert run.returncode == 1 and "not a paged graph" in run.stderr, run.stderr
+        else:  # a machine with a GPU: the plan is read, then the stub's runtime is refused
+            assert run.returncode == 1 and run.stderr.startswith("Error: "), run.stderr

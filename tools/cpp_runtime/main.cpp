@@ -1,7 +1,7 @@
 // dsa_runtime: run what `dsa-export build` built, from C++.
 //
 //   dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...]
-//               [--iterations N] [--device GPU]
+//               [--iterations N] [--device GPU] [--generate N]
 //
 // PATH is one build (a build folder, its manifest.json, or the engine file beside it) or a
 // pipeline of stages (pipeline.json, or the folder holding it, whose stages are build folders).
@@ -23,6 +23,11 @@
 //    tensor is read in place on the same GPU, copied peer to peer where cudaDeviceCanAccessPeer
 //    allows it, else staged through pinned host memory (runner.{h,cpp});
 // 5. prints the last stage's outputs (shape, statistics) and the time per stage, link and run.
+//
+// With --generate N over a paged build (`build --stages K --graph paged`), it generates N greedy
+// tokens per row instead: a prompt of --dim batch=B x --dim sequence=L ids (--input input_ids=FILE
+// or random), prefill on profile 0, decode steps on profile 1, the cache pools allocated once on
+// each stage's GPU and kept there (generate.cpp).
 
 #include "runner.h"
 
@@ -36,7 +41,7 @@ namespace
 {
 
 char const* const kUsage = "usage: dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...] "
-                           "[--iterations N] [--device GPU]";
+                           "[--iterations N] [--device GPU] [--generate N]";
 
 int toInt(std::string const& arg, std::string const& value)
 {
@@ -88,6 +93,14 @@ dsa::RunOptions parseArgs(int argc, char** argv)
         {
             options.device = toInt(arg, next());
         }
+        else if (arg == "--generate")
+        {
+            options.generate = toInt(arg, next());
+            if (options.generate < 1)
+            {
+                throw std::invalid_argument("--generate takes the number of tokens to generate, at least 1");
+            }
+        }
         else if (arg == "--help" || arg == "-h")
         {
             std::cout << kUsage << "\n";
@@ -115,7 +128,8 @@ int main(int argc, char** argv)
 {
     try
     {
-        return dsa::runPlan(parseArgs(argc, argv));
+        dsa::RunOptions const options = parseArgs(argc, argv);
+        return options.generate > 0 ? dsa::generatePlan(options) : dsa::runPlan(options);
     }
     catch (std::invalid_argument const& e)
     {
