@@ -4,9 +4,10 @@
     python tools/bench_generate.py MODEL --checkpoint CKPT --batch 4 --contexts 512,2048,8192 \\
         --new-tokens 8 [--eager-contexts 512] [--json FILE]
 
-MODEL is what `dsa-export generate` takes (a decode-graph .onnx, a build folder or a stage
-export / stage build). For each context length L, one prompt batch ``[B, L]`` of random ids is
-generated from with the session opened once, in this process, and reported:
+MODEL is what `dsa-export generate` takes (a decode- or paged-graph .onnx, a build folder or a
+stage export / stage build); `--prefill-chunk N` feeds a paged graph's prompts N tokens at a
+time. For each context length L, one prompt batch ``[B, L]`` of random ids is generated from
+with the session opened once, in this process, and reported:
 
 * prefill tokens/s (B*L over the prefill call) and its bound: the step's FLOPs (weights touched
   per token, the indexer's ``L x L / 2`` scores and the attention of each query over its top-k
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--eager-contexts", default="", help="contexts at which transformers eager runs too")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--prefill-chunk", type=int, default=None,
+                        help="paged graphs: feed each prompt in calls of at most N tokens")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -131,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             session.forward = timed  # type: ignore[method-assign]
             try:
                 result, peak = measure_peak_rss(
-                    lambda prompt=prompt: generate(session, prompt, SamplingSettings(max_new_tokens=args.new_tokens)))
+                    lambda prompt=prompt: generate(session, prompt, SamplingSettings(
+                        max_new_tokens=args.new_tokens, prefill_chunk=args.prefill_chunk)))
             finally:
                 del session.forward
-            decode_step = statistics.median(steps[1:]) if len(steps) > 1 else float("nan")
+            decode_calls = steps[len(steps) - (args.new_tokens - 1):] if args.new_tokens > 1 else []  # after the prefill
+            decode_step = statistics.median(decode_calls) if decode_calls else float("nan")
             cache_bytes = b * context * facts["cache_width"] * 4
             decode_bound = b / ((facts["active_weight_bytes"] + cache_bytes) / (bw * 1e9))
             topk = int(config.get("index_topk", 2048))
