@@ -135,6 +135,31 @@ def prompt_rows(prompts) -> list[np.ndarray]:
     return [row.astype(np.int64) for row in rows]
 
 
+class _Picker:
+    """Chooses each step's tokens: sampling, the pad id once a sequence ended, streaming, and
+    transformers' stop rule (every sequence produced an end-of-sequence id)."""
+
+    def __init__(self, settings: SamplingSettings, batch: int, on_tokens: Callable[[np.ndarray], None] | None):
+        self.settings = settings
+        self.rng = np.random.default_rng(settings.seed)
+        self.eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
+        self.pad = settings.pad_token_id if settings.pad_token_id is not None else (
+            int(self.eos[0]) if self.eos.size else 0)
+        self.on_tokens = on_tokens
+        self.finished = np.zeros(batch, dtype=bool)
+        self.generated: list[np.ndarray] = []
+
+    def pick(self, logits: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``[B]`` ids from ``[B, V]`` logits, and whether every sequence has ended."""
+        chosen = np.where(self.finished, self.pad, choose_tokens(logits, self.settings, self.rng).astype(np.int64))
+        self.generated.append(chosen)
+        if self.on_tokens is not None:
+            self.on_tokens(chosen)
+        if self.eos.size:
+            self.finished |= np.isin(chosen, self.eos)
+        return chosen, bool(self.eos.size and self.finished.all())
+
+
 def _room(model, longest: int, steps: int, notes: list[str]) -> int:
     """The steps the build's sequence limit leaves for prompts of up to ``longest`` tokens."""
     limit = model.sequence_limit()
@@ -173,15 +198,11 @@ def generate(model, prompt_ids, settings: SamplingSettings = SamplingSettings(),
     prompt = np.stack(rows)
     notes: list[str] = []
     steps = _room(model, prompt.shape[1], settings.max_new_tokens, notes)
-    rng = np.random.default_rng(settings.seed)
     batch = prompt.shape[0]
-    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
-    pad = settings.pad_token_id if settings.pad_token_id is not None else (int(eos[0]) if eos.size else 0)
+    picker = _Picker(settings, batch, on_tokens)
     slot = model.new_slot()
     ids = prompt.astype(np.int64)
     total = ids.shape[1]
-    finished = np.zeros(batch, dtype=bool)
-    generated: list[np.ndarray] = []
     prefill_s = decode_s = 0.0
     try:
         for step in range(steps):
@@ -193,21 +214,15 @@ def generate(model, prompt_ids, settings: SamplingSettings = SamplingSettings(),
                 prefill_s = elapsed
             else:
                 decode_s += elapsed
-            chosen = choose_tokens(logits[:, -1], settings, rng).astype(np.int64)
-            chosen = np.where(finished, pad, chosen)
-            generated.append(chosen)
-            if on_tokens is not None:
-                on_tokens(chosen)
-            if eos.size:
-                finished |= np.isin(chosen, eos)
-                if finished.all():
-                    break
+            chosen, ended = picker.pick(logits[:, -1])
+            if ended:
+                break
             ids = chosen[:, None]
             total += 1
     finally:
         model.release(slot, settings.micro_batches)
-    return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(prompt.size),
-                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1,
+    return GenerationResult(tokens=np.stack(picker.generated, axis=1), prompt_tokens=int(prompt.size),
+                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(picker.generated) - 1,
                             notes=notes)
 
 
@@ -218,16 +233,12 @@ def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
     notes: list[str] = []
     lengths = np.array([row.size for row in rows], dtype=np.int64)
     steps = _room(model, int(lengths.max()), settings.max_new_tokens, notes)
-    rng = np.random.default_rng(settings.seed)
     batch = len(rows)
-    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
-    pad = settings.pad_token_id if settings.pad_token_id is not None else (int(eos[0]) if eos.size else 0)
+    picker = _Picker(settings, batch, on_tokens)
     pages = model.pages
     slot = model.new_slot()
     sequences = [(slot, row) for row in range(batch)]
     cached = np.zeros(batch, dtype=np.int64)  # tokens each row has in the caches
-    finished = np.zeros(batch, dtype=bool)
-    generated: list[np.ndarray] = []
     prefill_s = decode_s = 0.0
 
     def call(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -257,16 +268,8 @@ def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
         prefill_s = time.perf_counter() - began
         logits = last
         for step in range(steps):
-            chosen = choose_tokens(logits, settings, rng).astype(np.int64)
-            chosen = np.where(finished, pad, chosen)
-            generated.append(chosen)
-            if on_tokens is not None:
-                on_tokens(chosen)
-            if eos.size:
-                finished |= np.isin(chosen, eos)
-                if finished.all():
-                    break
-            if step == steps - 1:
+            chosen, ended = picker.pick(logits)
+            if ended or step == steps - 1:
                 break
             began = time.perf_counter()
             logits = call(chosen[:, None], np.ones(batch, dtype=np.int64))
@@ -275,8 +278,8 @@ def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
     finally:
         for sequence in sequences:
             pages.release(sequence)
-    return GenerationResult(tokens=np.stack(generated, axis=1), prompt_tokens=int(lengths.sum()),
-                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(generated) - 1,
+    return GenerationResult(tokens=np.stack(picker.generated, axis=1), prompt_tokens=int(lengths.sum()),
+                            prefill_seconds=prefill_s, decode_seconds=decode_s, steps=len(picker.generated) - 1,
                             notes=notes)
 
 

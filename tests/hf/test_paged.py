@@ -159,13 +159,9 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
 
 def test_repeated_prompts_print_each_continuation(checkpoints, paged_exports, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    from tests.runtime.test_pipeline import _cli
+    from tests.runtime.test_pipeline import _cli, word_tokenizer
 
-    vocab = {f"w{i}": i for i in range(128)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tok.save(str(tmp_path / "tokenizer.json"))
+    word_tokenizer(tokenizers, tmp_path / "tokenizer.json")
     prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8]]
     texts = [" ".join(f"w{i}" for i in p) for p in prompts]
     args = ["generate", paged_exports["deepseek_v32"], "--prompt", texts[0], "--prompt", texts[1], "--tokenizer",

@@ -91,6 +91,15 @@ def ray_cluster():
     ray.shutdown()
 
 
+def word_tokenizer(tokenizers, path) -> None:
+    """Write a tokenizer.json whose token ``i`` is the word ``w{i}`` (128 words, decoded with spaces)."""
+    vocab = {f"w{i}": i for i in range(128)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(path))
+
+
 def _prompt(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 128, (2, 7)).astype(np.int64)
 
@@ -304,11 +313,7 @@ def test_missing_stage_build_is_one_clear_error(builds, tmp_path):
 
 def test_generate_streams_text_with_a_tokenizer(builds, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    vocab = {f"w{i}": i for i in range(128)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.save(str(tmp_path / "tokenizer.json"))
+    word_tokenizer(tokenizers, tmp_path / "tokenizer.json")
     checkpoint, out, _stages = builds["deepseek_v32", 2]
     prompt = "w5 w17 w3 w99"
     result = _cli(*["generate", str(out), "--prompt", prompt, "--tokenizer",
@@ -502,11 +507,7 @@ def test_text_stream_flushes_an_incomplete_character_at_the_end():
 
 def test_generate_reads_the_prompt_from_a_file_or_stdin(builds, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    vocab = {f"w{i}": i for i in range(128)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tok.save(str(tmp_path / "tokenizer.json"))
+    word_tokenizer(tokenizers, tmp_path / "tokenizer.json")
     _checkpoint, out, _stages = builds["deepseek_v32", 2]
     (tmp_path / "prompt.txt").write_text("w5 w17 w3 w99", encoding="utf-8")
     common = ["--tokenizer", tmp_path / "tokenizer.json", "--max-new-tokens", "3", "--json"]
