@@ -92,12 +92,21 @@ class PageAllocator:
         return table
 
 
+def pages_limit(session) -> int | None:
+    """The most pages a pool of ``session`` may hold: the ``pages`` maximum of its build's
+    profiles (None for an .onnx on ONNX Runtime, which takes any size)."""
+    manifest = getattr(session, "manifest", None)
+    limits = [dims["pages"][2] for dims in (manifest.profile_sets if manifest is not None else []) if "pages" in dims]
+    return min(limits) if limits else None
+
+
 class StagePools:
     """The cache pools of one stage of a paged graph (see the module docstring)."""
 
     def __init__(self, session, specs):
         self.session = session
         self.specs = {spec.name: spec for spec in specs}
+        self.limit = pages_limit(session)
         self.pages = 0
         self.values: dict[str, Any] = {}
         self._host: dict[str, np.ndarray] = {}  # the arrays under host OrtValues
@@ -116,7 +125,13 @@ class StagePools:
         rows already written."""
         if pages <= self.pages:
             return
+        if self.limit is not None and pages > self.limit:
+            raise DSAUserError(f"the block table names page {pages - 1} but this build's cache pools hold at most "
+                               f"{self.limit} pages; run fewer or shorter sequences, or build with a larger "
+                               "--max-batch / --max-seq.")
         pages = max(pages, 2 * self.pages, 2)
+        if self.limit is not None:
+            pages = min(pages, self.limit)
         for name, spec in self.specs.items():
             array = self._empty(spec, pages)
             old = self.values.get(name)
@@ -180,4 +195,4 @@ def _extend(old: Any, pages: int) -> Any:
     return torch.cat([old, extra])
 
 
-__all__ = ["CONTROLS", "PageAllocator", "StagePools", "is_paged", "page_size", "pool_inputs"]
+__all__ = ["CONTROLS", "PageAllocator", "StagePools", "is_paged", "page_size", "pages_limit", "pool_inputs"]

@@ -103,7 +103,8 @@ class LocalStage:
 
     def describe(self) -> dict[str, Any]:
         return {"stage": self.index, "runtime": self.session.kind, "device": self.device,
-                "notes": list(self.session.notes), "sequence_limit": _sequence_limit(self.session)}
+                "notes": list(self.session.notes), "sequence_limit": _sequence_limit(self.session),
+                "pages_limit": self.pools.limit if self.pools is not None else None}
 
     def run(self, feeds: dict[str, np.ndarray], slot: str | None, *upstream: dict[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
@@ -248,8 +249,10 @@ class PipelineSession(Session):
         super().__init__(kind=kind, inputs=list(inputs.values()), outputs=outputs, notes=notes)
         self.step_inputs = [spec for spec in self.inputs if not spec.name.startswith(PAST)]
         self._slots = 0
-        #: A paged pipeline's pages (one allocator: every stage uses the same page ids).
-        self.pages = PageAllocator(page_size(self.inputs)) if self.paged else None
+        #: A paged pipeline's pages (one allocator: every stage uses the same page ids), capped by
+        #: the smallest stage's profile.
+        limits = [d["pages_limit"] for d in self.describe() if d.get("pages_limit") is not None]
+        self.pages = PageAllocator(page_size(self.inputs), min(limits) if limits else None) if self.paged else None
 
     @property
     def paged(self) -> bool:

@@ -221,3 +221,33 @@ def test_page_allocator_hands_out_pages_and_takes_them_back():
     assert pages.tables["c"] == [1, 2, 4] and pages.pages_in_use == 4
     with pytest.raises(DSAUserError, match="5 pages of 64 tokens and all are in use"):
         pages.ensure("d", 1)
+
+
+def test_stage_pools_grow_by_doubling_within_the_builds_limit():
+    from types import SimpleNamespace
+
+    from dsa_export.manifest import TensorSpec
+    from dsa_export.runtime.paged import StagePools, pool_inputs
+
+    class Session:  # an engine-like session (a test double): writes a new pool, as TensorRT does
+        inputs = [TensorSpec("block_table", "int32", ("batch", "max_pages")),
+                  TensorSpec("past_latent_pool_0", "float32", ("pages", 64, 8))]
+        manifest = SimpleNamespace(profile_sets=[{"pages": (2, 3, 6)}, {"pages": (2, 3, 6)}])
+
+        def run(self, feeds):
+            pool = feeds["past_latent_pool_0"]
+            written = pool.copy()
+            written[feeds["block_table"][0, 0], 0] += 1.0
+            return {"present_latent_pool_0": written, "logits": np.zeros((1, 4), np.float32)}
+
+    pools = StagePools(Session(), pool_inputs(Session.inputs))
+    assert pools.limit == 6 and not pools.in_place
+    out = pools.run({"block_table": np.array([[2, -1]], np.int32)})
+    assert set(out) == {"logits"} and pools.pages == 3  # page 2 named: 3 pages (at least 2)
+    assert pools.values["past_latent_pool_0"][2, 0].tolist() == [1.0] * 8
+    pools.run({"block_table": np.array([[4]], np.int32)})  # 5 pages needed: doubled to 6 (the limit)
+    pool = pools.values["past_latent_pool_0"]
+    assert pools.pages == 6 and pool.shape == (6, 64, 8)
+    assert pool[2, 0].tolist() == [1.0] * 8 and pool[4, 0].tolist() == [1.0] * 8  # old rows kept
+    with pytest.raises(DSAUserError, match="at most 6 pages"):
+        pools.run({"block_table": np.array([[6]], np.int32)})
