@@ -125,7 +125,7 @@ def greedy_generate(path, prompt: np.ndarray, max_new_tokens: int) -> np.ndarray
         model.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["glm_moe_dsa"])  # both kinds generate through the paged graph: test_paged.py
 def test_decode_graph_greedy_matches_transformers_generate(checkpoints, tmp_path, kind):
     source = resolve(hf_reference(checkpoints[kind], graph="decode"))
     path = save_model(export_model(source, ExportSettings()), tmp_path / "decode.onnx")

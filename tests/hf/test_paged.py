@@ -141,7 +141,15 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
     result = _cli("build", checkpoint, "--stages", 2, "--graph", "paged", "--max-batch", 4, "--max-seq", 128,
                   "-o", out)
     assert result.exit_code == 0, result.output
-    assert json.loads((out / "pipeline.json").read_text())["graph"] == "paged"
+    pipeline = json.loads((out / "pipeline.json").read_text())
+    assert pipeline["graph"] == "paged"
+    assert all(stage["caches"] and all("_pool_" in c for c in stage["caches"]) for stage in pipeline["stages"])
+    manifest = json.loads((out / "stage_00" / "manifest.json").read_text())
+    # Prefill (a prompt of up to 128 tokens) and decode (one token); pools of up to twice the
+    # pages 4 rows of 2 pages need, plus the scratch page.
+    profiles = manifest["profiles"]["all"]
+    assert [p["sequence"] for p in profiles] == [[1, 127, 128], [1, 1, 1]]
+    assert [p["max_pages"] for p in profiles] == [[1, 2, 2]] * 2 and [p["pages"] for p in profiles] == [[2, 3, 18]] * 2
     prompts = _prompts(seed=5)
     (tmp_path / "ids.json").write_text(json.dumps(prompts))
     result = _cli("generate", out, "--input-ids", tmp_path / "ids.json", "--max-new-tokens", NEW,

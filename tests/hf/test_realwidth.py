@@ -101,29 +101,36 @@ def test_fp8_checkpoint_keeps_fp8_at_real_width(realwidth_checkpoint_factory, tm
 
 _HF_GREEDY = """
 import json, sys
-import numpy as np, torch, transformers
-ids = torch.from_numpy(np.load(sys.argv[2]))
+import torch, transformers
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
-with torch.no_grad():
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sys.argv[3]), do_sample=False)
-print(json.dumps(out[:, ids.shape[1]:].tolist()))
+tokens = []
+for prompt in json.load(open(sys.argv[2])):  # each prompt alone, as a batch of one
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(sys.argv[3]),
+                             do_sample=False)
+    tokens.append(out[0, ids.shape[1]:].tolist())
+print(json.dumps(tokens))
 """
 
 
 def test_two_stage_pipeline_generates_like_transformers(checkpoint, tmp_path):
-    """The two layers as two decode stages (fp32), driven by `dsa-export generate`: the same greedy
-    tokens as transformers, in no more memory than the stages' weights plus 2 GiB."""
+    """The two layers as two paged stages (fp32), driven by `dsa-export generate` with a ragged
+    batch (prompts of 12 and 70 tokens, the second over two cache pages): each prompt gets the
+    greedy tokens transformers gives it alone, in no more memory than the stages' weights plus
+    2 GiB."""
     import numpy as np
 
     import shutil
 
     out = tmp_path / "stages"
     try:
-        result, _ = _run("export", str(checkpoint.path), "--stages", "2", "--graph", "decode", "--dtype", "fp32",
+        result, _ = _run("export", str(checkpoint.path), "--stages", "2", "--graph", "paged", "--dtype", "fp32",
                          "-o", str(out))
         assert result.returncode == 0, result.stderr
-        ids = tmp_path / "ids.npy"
-        np.save(ids, np.random.default_rng(0).integers(0, 2048, (1, 12)))
+        ids = tmp_path / "ids.json"
+        rng = np.random.default_rng(0)
+        ids.write_text(json.dumps([rng.integers(0, 2048, n).tolist() for n in (12, 70)]))
         result, peak = _run("generate", str(out), "--input-ids", str(ids), "--max-new-tokens", "4", "--json")
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])

@@ -111,11 +111,11 @@ def test_fp8_with_an_opset_below_21_is_a_user_error(fp8_checkpoint, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize(("kind", "dtype"), [("deepseek_v32", "fp16"), ("glm_moe_dsa", "bf16")])
 def test_half_precision_exports(checkpoints, tmp_path, kind, dtype):
     """Weights and activations in half precision; the indexer's head weights and the router stay
-    float32 as transformers keeps them, so DSAIndexerTopK takes float32 w with half q/k."""
+    float32 as transformers keeps them, so DSAIndexerTopK takes float32 w with half q/k. (Each
+    precision on one model: the dtype handling is the same code for both.)"""
     out = export_to_file(resolve(str(checkpoints[kind]), dtype=dtype), ExportSettings(), tmp_path / f"{dtype}.onnx")
     model = onnx.load(str(out.path), load_external_data=False)
     half = onnx.TensorProto.FLOAT16 if dtype == "fp16" else onnx.TensorProto.BFLOAT16
