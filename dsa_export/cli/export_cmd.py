@@ -38,7 +38,7 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
 @click.option("--stages", type=StageCount(), default=None,
               help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
-                   "balanced stages), one decode-graph .onnx per stage (--graph prefill for prefill graphs) plus "
+                   "balanced stages), one decode-graph .onnx per stage (--graph paged or prefill for those graphs) plus "
                    "pipeline.json in the -o folder; resumable.")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages: memory of one GPU, e.g. 141GiB.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --stages: GPUs available.")

@@ -43,7 +43,7 @@ def command(model_dir: Path, prompts: tuple[str, ...], prompt_file, input_ids: P
             ray_address: str | None, micro_batches: int, prefill_chunk: int | None, no_verify: bool, as_json: bool,
             json_out: Path | None) -> None:
     """Generate tokens from DIR: a stage build or stage export (pipeline.json), a build folder or a
-    decode-graph .onnx.
+    decode- or paged-graph .onnx (a paged graph takes prompts of different lengths).
 
     Prefill feeds the prompt with empty caches, then decode feeds one token per step; each stage
     keeps its own caches. Tokens are printed as they come (text with one --prompt, ids with
