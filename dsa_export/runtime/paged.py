@@ -133,14 +133,13 @@ class StagePools:
         if self.limit is not None:
             pages = min(pages, self.limit)
         for name, spec in self.specs.items():
-            array = self._empty(spec, pages)
-            old = self.values.get(name)
-            if old is not None:
-                if name in self._host:
-                    array[: self.pages] = self._host[name]
-                else:
-                    array = _extend(old, pages)
-            self.values[name] = self._wrap(name, array, spec) if isinstance(array, np.ndarray) else array
+            old = self._host.get(name, self.values.get(name))  # an OrtValue's array, or the runtime's pool
+            if old is None:
+                self.values[name] = self._wrap(name, self._empty(spec, pages), spec)
+            elif isinstance(old, np.ndarray):
+                self.values[name] = self._wrap(name, _extend(old, pages), spec)
+            else:  # an engine's device pool stays on its device
+                self.values[name] = _extend(old, pages)
         self.pages = pages
 
     def _wrap(self, name: str, array: np.ndarray, spec) -> Any:
