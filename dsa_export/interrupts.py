@@ -54,7 +54,7 @@ _lock = threading.RLock()
 _temporaries: dict[int, Path] = {}
 _sibling_targets: dict[int, Path] = {}
 _hooks: dict[int, Callable[[], None]] = {}
-_state: dict[str, Any] = {"deferring": 0, "pending": False, "flag_only": 0}
+_state: dict[str, Any] = {"deferring": 0, "pending": False, "flag_only": 0, "own_grace": None}
 _counter = iter(range(1, 1 << 62))
 _STARTED = time.time()
 
@@ -128,6 +128,22 @@ def deferred() -> Iterator[None]:
                 _state["pending"] = False
         if pending:
             raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def handled_by_command(grace: float) -> Iterator[None]:
+    """For a command that stops by itself on SIGINT/SIGTERM (``serve`` drains its requests, then
+    returns): while inside, the command's own handlers get the signal, a first signal neither sets
+    :func:`cancelled` nor runs the cancel hooks (the requests in flight go on), and the watchdog
+    ends the process only if the command has not returned ``grace`` seconds later. A second
+    signal still ends it at once."""
+    with _lock:
+        _state["own_grace"] = grace
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["own_grace"] = None
 
 
 @contextlib.contextmanager
@@ -252,14 +268,16 @@ def _watch(read_fd: int, done: threading.Event, on_abort: Callable[[], None] | N
             count = sum(1 for b in got if b in wanted)
             if count:
                 signals += count
-                _cancel.set()
                 with _lock:
-                    hooks = list(_hooks.values())
+                    own = _state["own_grace"]
+                    hooks = list(_hooks.values()) if own is None else []
+                if own is None:
+                    _cancel.set()
                 for hook in hooks:
                     with contextlib.suppress(Exception):
                         hook()
                 if deadline is None:
-                    deadline = time.monotonic() + GRACE_S
+                    deadline = time.monotonic() + (GRACE_S if own is None else own)
         if deadline is None:
             continue
         with _lock:
@@ -322,6 +340,7 @@ __all__ = [
     "on_cancel",
     "raise_if_cancelled",
     "guard",
+    "handled_by_command",
     "remove",
     "stale_siblings",
     "tagged_name",

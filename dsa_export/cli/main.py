@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "build": ("dsa_export.cli.build_cmd", "Build an engine, an ONNX Runtime artifact and a manifest."),
     "run": ("dsa_export.cli.run_cmd", "Run a built engine or ONNX Runtime artifact."),
     "generate": ("dsa_export.cli.generate_cmd", "Generate tokens from a build or pipeline (prefill, then decode)."),
+    "serve": ("dsa_export.cli.serve_cmd", "Serve a paged build behind an OpenAI-compatible HTTP API."),
     "check": ("dsa_export.cli.check_cmd", "Check the GPU software stack before a build or engine load."),
     "plugins": ("dsa_export.cli.plugins_cmd", "Build the CUDA/TensorRT plugin libraries and find them."),
     "bench": ("dsa_export.cli.bench_cmd", "Time a DSA layer against dense attention across sequence lengths."),

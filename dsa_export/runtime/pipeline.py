@@ -104,7 +104,8 @@ class LocalStage:
     def describe(self) -> dict[str, Any]:
         return {"stage": self.index, "runtime": self.session.kind, "device": self.device,
                 "notes": list(self.session.notes), "sequence_limit": _sequence_limit(self.session),
-                "pages_limit": self.pools.limit if self.pools is not None else None}
+                "pages_limit": self.pools.limit if self.pools is not None else None,
+                "batch_limit": _dim_limit(self.session, "batch"), "call_limit": _dim_limit(self.session, "sequence")}
 
     def run(self, feeds: dict[str, np.ndarray], slot: str | None, *upstream: dict[str, np.ndarray]
             ) -> dict[str, np.ndarray]:
@@ -399,6 +400,11 @@ class PipelineSession(Session):
 def _sequence_limit(session: Session) -> int | None:
     limit = getattr(session, "sequence_limit", None)
     return limit() if callable(limit) else None
+
+
+def _dim_limit(session: Session, name: str) -> int | None:
+    limit = getattr(session, "dim_limit", None)
+    return limit(name) if callable(limit) else None
 
 
 def _where(session: Session) -> str:

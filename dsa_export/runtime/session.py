@@ -97,6 +97,14 @@ class Session:
             limits += [dims["max_pages"][2] * page for dims in self.manifest.profile_sets if "max_pages" in dims]
         return max(limits) if limits else None
 
+    def dim_limit(self, name: str) -> int | None:
+        """The largest value of dim ``name`` any profile of the build allows (``batch``: rows per
+        call, ``sequence``: tokens per row and call); None when nothing bounds it."""
+        if self.manifest is None:
+            return None
+        limits = [dims[name][2] for dims in self.manifest.profile_sets if name in dims]
+        return max(limits) if limits else None
+
     def dim_names(self) -> set[str]:
         """The named dynamic dims of the inputs (what ``--dims`` may set)."""
         return {d for spec in self.inputs for d in spec.shape if isinstance(d, str)}
