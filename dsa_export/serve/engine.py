@@ -12,8 +12,9 @@ allocator. Requests join and leave at any step:
 * **A step** is at most two calls of the model: one decode call with one token for every running
   request past its prompt, then one prefill call with the next chunk of the prompts still being
   read, FIFO, within the step's token budget (``max_tokens_per_step`` minus the decode rows). The
-  two are separate calls because the graph takes ``[rows, width]`` tokens: a decode row in a
-  prefill call would be padded to the chunk's width.
+  graph takes ``[rows, width]`` tokens and computes the padding too, so the budget counts
+  ``rows x width``: the oldest reading request sets the width, others join while that fits. A
+  decode row is never put in a prefill call (it would be padded to the chunk's width).
 * **After each call** every row whose prompt is complete gets its next token (its own sampling
   settings and seeded generator: greedy results do not depend on what else is in the batch),
   its text delta (stop strings are searched there; text that may be the start of a stop string is
@@ -328,16 +329,19 @@ class ServingEngine:
         if decode:
             ids = np.array([[r.generated[-1]] for r in decode], dtype=np.int64)
             self._call(decode, ids, np.ones(len(decode), dtype=np.int64))
+        # Prompt chunks: the first reading request sets the call's width; others join while
+        # rows x width (padding included: it is computed too) stays within the step's budget.
         budget = max(1, self.max_tokens_per_step - len(decode))
+        reading = [r for r in self.running if r.reading and not r.done]
         rows, counts = [], []
-        for request in self.running:
-            if not request.reading or request.done or budget <= 0 or len(rows) == self.max_batch:
-                continue
-            count = min(int(request.prompt.size - request.cached), budget,
+        if reading:
+            width = min(int(reading[0].prompt.size - reading[0].cached), budget,
                         self.call_limit if self.call_limit is not None else budget)
-            rows.append(request)
-            counts.append(count)
-            budget -= count
+            for request in reading[: self.max_batch]:
+                if rows and (len(rows) + 1) * width > budget:
+                    break
+                rows.append(request)
+                counts.append(min(int(request.prompt.size - request.cached), width))
         if rows:
             width = max(counts)
             ids = np.zeros((len(rows), width), dtype=np.int64)
