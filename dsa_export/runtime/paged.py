@@ -62,6 +62,11 @@ class PageAllocator:
     def pages_in_use(self) -> int:
         return sum(len(pages) for pages in self.tables.values())
 
+    @property
+    def pages_touched(self) -> int:
+        """Pages ever handed out, scratch page included: what the pools had to grow to."""
+        return self._next
+
     def _take(self) -> int:
         if self._free:
             self._free.sort(reverse=True)

@@ -317,7 +317,7 @@ class ServingEngine:
                                                    kind="internal_error"))
             with self._cond:
                 self.metrics.set_queue(len(self.waiting), len(self.running))
-                self.metrics.set_pages(self.model.pages.pages_in_use)
+                self.metrics.set_pages(self.model.pages.pages_in_use, self.model.pages.pages_touched)
                 self._cond.notify_all()
 
     # -- one step --------------------------------------------------------------------------------

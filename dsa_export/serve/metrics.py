@@ -2,8 +2,9 @@
 
 Counters: requests by outcome (``completed``, ``cancelled``: the client went away, ``failed``,
 ``rejected``: the queue was full), prompt and generated tokens, model calls. Gauges: requests
-waiting and running, cache pages in use and in all, the process' resident memory. Histograms:
-time to first token, time per output token, rows and tokens per model call, seconds per call.
+waiting and running, cache pages in use, touched (what the pools grew to) and in all, the
+process' resident memory. Histograms: time to first token, time per output token, rows and tokens
+per model call, seconds per call.
 Written by the scheduler thread, read by the HTTP front: one lock.
 """
 
@@ -57,6 +58,7 @@ class ServeMetrics:
         self.waiting = 0
         self.running = 0
         self.pages_in_use = 0
+        self.pages_touched = 0
         self.pages_total = 0
         self.ttft = Histogram(SECONDS)
         self.tpot = Histogram(SECONDS)
@@ -77,9 +79,10 @@ class ServeMetrics:
         with self._lock:
             self.waiting, self.running = waiting, running
 
-    def set_pages(self, in_use: int) -> None:
+    def set_pages(self, in_use: int, touched: int) -> None:
         with self._lock:
             self.pages_in_use = in_use
+            self.pages_touched = touched
 
     def set_capacity(self, pages: int) -> None:
         with self._lock:
@@ -113,6 +116,8 @@ class ServeMetrics:
                     ("running_requests", self.running, "gauge", "Requests in the running batch."),
                     ("kv_pages_in_use", self.pages_in_use, "gauge", "Cache pages held by requests."),
                     ("kv_pages_total", self.pages_total, "gauge", "Cache pages requests may hold."),
+                    ("kv_pages_touched", self.pages_touched, "gauge",
+                     "Pages ever handed out (scratch page included): what the pools grew to hold."),
                     ("process_resident_memory_bytes", _rss(), "gauge", "Resident memory of the server process.")):
                 lines += [f"# HELP {p}{name} {text}", f"# TYPE {p}{name} {kind}", f"{p}{name} {value}"]
             for name, histogram, text in (

@@ -350,3 +350,27 @@ def test_queue_limit_disconnects_and_sigterm_drain(checkpoint_and_export):
         assert all(a.usage.completion_tokens == 120 for a in answers)
     finally:
         server.stop()
+
+
+def test_cli_refusals_are_one_sentence(checkpoint_and_export, tmp_path):
+    """A busy port and a graph that is not paged are refused in one sentence, exit 1, before
+    anything listens."""
+    import socket
+
+    from dsa_export.errors import DSAUserError
+    from dsa_export.serve.engine import ServingEngine
+    from tests.runtime.test_pipeline import _cli
+
+    _checkpoint, onnx = checkpoint_and_export
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        result = _cli("serve", onnx, "--port", busy.getsockname()[1])
+    assert result.exit_code == 1
+    assert "cannot listen on 127.0.0.1" in result.stderr and "Traceback" not in result.stderr
+
+    class DecodeGraph:
+        paged = False
+
+    with pytest.raises(DSAUserError, match="needs a paged graph"):
+        ServingEngine(DecodeGraph(), tokenizer=None)
