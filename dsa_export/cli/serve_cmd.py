@@ -83,9 +83,15 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
     try:
         for note in model.notes:
             click.echo(note, err=True)
+        server = None
+
+        def lost(_why: str) -> None:  # a stage is gone: stop serving, exit 1 (a supervisor restarts us)
+            if server is not None:
+                server.should_exit = True
+
         engine = ServingEngine(model, text, eos_token_ids=eos, max_batch=max_batch,
                                max_tokens_per_step=max_tokens_per_step, max_queue=max_queue,
-                               max_model_len=max_model_len, kv_pages=kv_pages)
+                               max_model_len=max_model_len, kv_pages=kv_pages, on_lost=lost)
         app = create_app(engine, text, name, api_key=api_key)
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
         config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="off",
@@ -103,6 +109,8 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
                 server.run(sockets=[listener])
         finally:
             drained = engine.stop(drain=True, timeout=drain_timeout)
+        if engine.lost is not None:
+            raise DSAUserError(f"serve stopped (the requests in flight were answered with 503): {engine.lost}")
         if not drained:
             click.echo("dsa-export serve: stopped with requests unfinished (--drain-timeout passed); they were "
                        "answered with 503.", err=True)

@@ -51,6 +51,11 @@ from dsa_export.runtime.paged import (
 from dsa_export.runtime.session import RUNTIME_CHOICES, Session
 
 
+class StageLostError(DSAUserError):
+    """A stage is gone for good (its Ray actor died): the pipeline cannot run another call and
+    must be opened again."""
+
+
 def present_name(cache: str) -> str:
     """``past_latent_3`` -> ``present_latent_3``."""
     return PRESENT + cache[len(PAST):]
@@ -473,4 +478,4 @@ def is_pipeline(path: str | Path) -> bool:
     return (path / PIPELINE_NAME).is_file() if path.is_dir() else path.name == PIPELINE_NAME
 
 
-__all__ = ["LocalStage", "PipelineSession", "ThreadStage", "is_pipeline", "open_stage", "split_batch"]
+__all__ = ["LocalStage", "PipelineSession", "StageLostError", "ThreadStage", "is_pipeline", "open_stage", "split_batch"]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dsa_export.errors import DSAUserError, require
+from dsa_export.runtime.pipeline import StageLostError
 
 INSTALL = 'pip install "dsa-export[ray]"'
 
@@ -107,8 +108,8 @@ class RayStage:
             # stage whose actor is gone.
             dead = next((s.index for s in self.siblings if not s.alive()), self.index)
             found = re.search(r"The actor is dead because ([^\n]*?)\.?$", str(exc), re.MULTILINE)
-            reason = f" because {found.group(1)}" if found else ""
-            raise DSAUserError(f"stage {dead}'s Ray actor died{reason}; the pipeline cannot go on, open it "
+            reason = f" because {found.group(1).split('. ')[0]}" if found else ""  # Ray's first sentence
+            raise StageLostError(f"stage {dead}'s Ray actor died{reason}; the pipeline cannot go on, open it "
                                "again.") from None
         except ray.exceptions.RayTaskError as exc:
             cause = getattr(exc, "cause", None)

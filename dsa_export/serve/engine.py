@@ -21,9 +21,10 @@ allocator. Requests join and leave at any step:
   held back until it cannot be) and, when it ends (end-of-sequence id, ``max_tokens``, a stop
   string, the build's sequence limit), its pages go back to the allocator at once.
 * **Cancelled** requests (the client went away) leave at the start of the next step, pages freed.
-* **Failures.** A call that raises fails the requests of that call (their consumers get an error:
-  503 when a pipeline stage is gone, 500 otherwise), frees their pages, and the engine goes on
-  serving; :attr:`healthy` is False until a later call succeeds.
+* **Failures.** A call that raises fails the requests of that call (500), frees their pages, and
+  the engine goes on serving; :attr:`healthy` is False until a later call succeeds. A stage that
+  is gone for good (:class:`~dsa_export.runtime.pipeline.StageLostError`: its Ray actor died)
+  fails every request with 503, stops accepting, and calls ``on_lost`` (``serve`` exits 1).
 * :meth:`stop` with ``drain=True`` refuses new requests and returns when every accepted one has
   finished (or the timeout passed: the rest then get an error).
 
@@ -46,6 +47,7 @@ import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.runtime.generate import SamplingSettings, choose_tokens
+from dsa_export.runtime.pipeline import StageLostError
 from dsa_export.serve.metrics import ServeMetrics
 from dsa_export.serve.text import IncrementalText, ServedTokenizer
 
@@ -165,7 +167,8 @@ class ServingEngine:
 
     def __init__(self, model, tokenizer: ServedTokenizer, *, eos_token_ids=(), max_batch: int = 16,
                  max_tokens_per_step: int = 512, max_queue: int = 256, max_model_len: int | None = None,
-                 kv_pages: int | None = None, metrics: ServeMetrics | None = None):
+                 kv_pages: int | None = None, metrics: ServeMetrics | None = None,
+                 on_lost: Callable[[str], None] | None = None):
         if not getattr(model, "paged", False):
             raise DSAUserError("serve needs a paged graph (continuous batching puts requests of different lengths "
                                "in one call); export or build the model with --graph paged.")
@@ -210,6 +213,9 @@ class ServingEngine:
         self.running: list[Request] = []
         self.healthy = True
         self.accepting = True
+        #: Why the model cannot run any more (a stage is gone), or None; ``on_lost`` is told once.
+        self.lost: str | None = None
+        self.on_lost = on_lost
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -386,6 +392,8 @@ class ServingEngine:
             log.error("a model call of %d rows failed: %s", len(rows), exc)
             for request in rows:
                 self._fail(request, error)
+            if isinstance(exc, StageLostError):
+                self._lost(exc)
             return
         self.healthy = True
         self.metrics.observe_call(len(rows), int(counts.sum()), time.perf_counter() - began)
@@ -446,6 +454,18 @@ class ServingEngine:
             best = [(int(t), self.tokenizer.token_text(int(t)), float(logprobs[t])) for t in order]
         return TokenLogprob(token, self.tokenizer.token_text(token), float(logprobs[token]), best)
 
+    def _lost(self, exc: Exception) -> None:
+        """A stage is gone for good: every request gets 503, nothing new is accepted, and the
+        owner is told (``serve`` then exits 1 so that a supervisor restarts it)."""
+        self.lost = str(exc)
+        self.stop_accepting()
+        error = ServeError(503, f"the model cannot run any more ({exc}); the server is stopping.",
+                           kind="service_unavailable")
+        for request in list(self.waiting) + list(self.running):
+            self._fail(request, error)
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+
     # -- leaving ---------------------------------------------------------------------------------
 
     def _release(self, request: Request) -> None:
@@ -494,10 +514,9 @@ def _stop_at(text: str, stops: tuple[str, ...], start: int) -> int | None:
 
 
 def _call_error(exc: Exception) -> ServeError:
-    names = {type(exc).__name__, *(t.__name__ for t in type(exc).__mro__)}
-    if names & {"RayActorError", "ActorDiedError", "ActorUnavailableError", "RaySystemError"}:
-        return ServeError(503, "a pipeline stage of this model is unavailable (its Ray actor died); the request was "
-                               "not finished; send it again.", kind="service_unavailable")
+    if isinstance(exc, StageLostError):
+        return ServeError(503, f"a pipeline stage of this model is gone ({exc}); the request was not finished.",
+                          kind="service_unavailable")
     message = str(exc) if isinstance(exc, DSAUserError) else f"{type(exc).__name__}: {exc}"
     return ServeError(500, f"the model failed while running this request ({message}).", kind="internal_error")
 

@@ -374,3 +374,67 @@ def test_cli_refusals_are_one_sentence(checkpoint_and_export, tmp_path):
 
     with pytest.raises(DSAUserError, match="needs a paged graph"):
         ServingEngine(DecodeGraph(), tokenizer=None)
+
+
+def _started(pid: int) -> float:
+    """Start time of a process, in clock ticks since boot (/proc/PID/stat field 22)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return float(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_serving_stages_in_ray_actors_and_losing_one(checkpoint_and_export, hf_model, hf_tokenizer, tmp_path):
+    """``serve STAGES --ray auto``: ragged concurrent prompts get transformers' text; when a stage's
+    actor process is killed, the request in flight gets 503 and the server exits 1 in one sentence."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    from tests.runtime.test_pipeline import _cli
+
+    checkpoint, _onnx = checkpoint_and_export
+    stages = tmp_path / "stages"
+    result = _cli("export", checkpoint, "--stages", 2, "--graph", "paged", "-o", stages)
+    assert result.exit_code == 0, result.output
+    with open("/proc/self/stat") as f:
+        began = float(f.read().rsplit(")", 1)[1].split()[19])
+    server = Server(stages, "--ray", "auto", "--max-model-len", 1024)
+    try:
+        client = server.client(key="none")
+        prompts = _prompts(4, seed=8)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda p: client.completions.create(model=None, prompt=p, max_tokens=8,
+                                                                          temperature=0), prompts))
+        for prompt, answer in zip(prompts, answers):
+            assert answer.choices[0].text == _hf_text(hf_tokenizer, _hf(hf_model, prompt, 8)[0])
+
+        actors = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith("ray::_StageActor")
+                  and _started(int(pid)) >= began]
+        assert len(actors) == 2, actors
+        failure: list[BaseException] = []
+
+        def long_request():
+            try:
+                client.completions.create(model=None, prompt=[5, 6, 7], max_tokens=1000, temperature=0,
+                                          extra_body={"ignore_eos": True})
+            except openai.APIStatusError as exc:
+                failure.append(exc)
+
+        worker = concurrent.futures.ThreadPoolExecutor(1)
+        pending = worker.submit(long_request)
+        time.sleep(1.5)
+        os.kill(max(actors), signal.SIGKILL)
+        pending.result(60)
+        worker.shutdown()
+        assert failure and failure[0].status_code == 503 and "Ray actor died" in failure[0].message
+        code = server.process.wait(30)
+        stderr = server.process.stderr.read()
+        assert code == 1, stderr
+        assert "Error: serve stopped (the requests in flight were answered with 503): stage " in stderr
+        assert "Traceback" not in stderr
+    finally:
+        server.stop()
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
