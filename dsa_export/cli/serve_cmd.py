@@ -184,5 +184,5 @@ def _server_class():
     return Server
 
 
-def _Server(config, engine, ready):  # noqa: N802 - a class made on first use (uvicorn is optional)
+def _Server(config, engine, ready):
     return _server_class()(config, engine, ready)

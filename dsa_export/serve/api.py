@@ -20,15 +20,24 @@ import hmac
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dsa_export.serve.engine import Event, Request, RequestParams, ServeError, ServingEngine, TokenLogprob
+from dsa_export.serve.engine import (
+    Event,
+    Request,
+    RequestParams,
+    ServeError,
+    ServingEngine,
+    TokenLogprob,
+)
 from dsa_export.serve.text import ServedTokenizer
 
 #: Seconds between checks that a non-streaming client is still connected.
@@ -216,7 +225,7 @@ def create_app(engine: ServingEngine, tokenizer: ServedTokenizer, model_name: st
     return app
 
 
-async def _stream(engine: ServingEngine, request: Request, queue: asyncio.Queue, shape: "_Shape",
+async def _stream(engine: ServingEngine, request: Request, queue: asyncio.Queue, shape: _Shape,
                   usage: bool) -> AsyncIterator[str]:
     """Server-sent events of one request; a client that goes away cancels it (Starlette cancels
     this generator, the ``finally`` runs)."""

@@ -40,8 +40,8 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -386,7 +386,7 @@ class ServingEngine:
         began = time.perf_counter()
         try:
             logits = self.model.forward(feeds, SLOT)["logits"]
-        except Exception as exc:  # a stage failed: fail this call's requests, keep serving
+        except Exception as exc:  # noqa: BLE001 - a stage failed: fail this call's requests, keep serving
             self.healthy = False
             error = _call_error(exc)
             log.error("a model call of %d rows failed: %s", len(rows), exc)
@@ -503,7 +503,7 @@ class ServingEngine:
 def _deliver(request: Request, event: Event) -> None:
     try:
         request.sink(event)
-    except Exception:  # the consumer's loop is gone: the request is over for it
+    except Exception:  # noqa: BLE001 - the consumer's loop is gone: the request is over for it
         request.cancelled = True
 
 

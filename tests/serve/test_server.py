@@ -190,7 +190,7 @@ def test_token_id_prompts_streaming_and_logprobs(server, hf_model, hf_tokenizer)
     assert len(entries.token_logprobs) == len(tokens)
     for step, (token, logprob, top) in enumerate(zip(tokens, entries.token_logprobs, entries.top_logprobs)):
         assert logprob == pytest.approx(hf_logprobs[step][token], abs=2e-3)
-        assert list(top) and list(top)[0] == hf_tokenizer.decode([token])  # greedy: the chosen token is the most likely
+        assert top and next(iter(top)) == hf_tokenizer.decode([token])  # greedy: the chosen token is the most likely
         assert list(top.values()) == sorted(top.values(), reverse=True)
     stream = client.completions.create(model="tiny-dsa", prompt=prompt, max_tokens=8, temperature=0, stream=True,
                                        stream_options={"include_usage": True})
