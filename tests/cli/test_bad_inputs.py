@@ -162,6 +162,13 @@ CASES: list[tuple[str, int, str]] = [
     ("generate {w}/model.onnx --input-ids {w}/one_array.npy --max-new-tokens 0", 2, "Invalid value"),
     ("generate {w}/model.onnx --input-ids {w}/one_array.npy --json-out /sys/g.json", 1, "cannot be written"),
     ("generate {w}/nothing --input-ids {w}/one_array.npy", 2, "does not exist"),
+    # serve
+    ("serve {w}/model.onnx", 2, "records no Hugging Face checkpoint"),
+    ("serve {w}/model.onnx --tokenizer {w}/notes.txt", 1, "cannot load the tokenizer"),
+    ("serve {w}/model.onnx --api-key=", 2, "--api-key is empty"),
+    ("serve {w}/model.onnx --port 70000", 2, "Invalid value"),
+    ("serve {w}/model.onnx --max-batch 0", 2, "Invalid value"),
+    ("serve {w}/nothing", 2, "does not exist"),
     # check, plugins, bench, the command line itself
     ("check --engine {w}/missing.plan", 1, "does not exist"),
     ("check --engine {w}/notes.txt", 1, "text file"),
