@@ -11,11 +11,14 @@ the contiguous ones of :mod:`dsa_export.ops.attention_onnx` (same chunking over 
   pages whose table entry lies outside ``[0, P)``, past ``lengths[b]`` or (causal) after the
   query's position ``query_start[b] + s`` score ``-inf``;
 * attention: each chunk turns its ``[B, rows, K]`` logical indices into pool rows
-  (``page_id * page + t % page``) and gathers only those rows from the pools viewed as
-  ``[P*page, Hkv*D]`` tables: nothing of the pool is copied or cast whole, and no ``[B, S, K, D]``
-  or ``[B, S, T]`` tensor exists. Values from keys (``v_pool`` without pages) need no ``If``:
-  the chunk concatenates the first ``Dv`` key channels of ``N * (1 - has_v)`` rows with the value
-  rows of ``N * has_v`` gathered indices (``has_v = min(Pv, 1)``), exactly one of them non-empty.
+  (``page_id * page + t % page``) and gathers only those rows, per kv head, from the pools viewed
+  as ``[P*page*Hkv, D]`` tables, straight into the ``[B, rows, Hkv, K, Dk]`` order the products
+  need (no transpose of the selection): nothing of the pool is copied or cast whole, and no
+  ``[B, S, T]`` tensor exists. Values from keys (``v_pool`` without pages, DeepSeek's absorbed
+  MLA) need neither ``If`` nor a copy of the selected rows' first ``Dv`` channels: the
+  probabilities multiply the whole key rows and the small ``[.., heads, Dk]`` result is cut to
+  ``Dv``; the value-page path gathers ``K * has_v`` rows (``has_v = min(Pv, 1)``), so exactly one
+  of the two paths contributes.
 
 The pools must hold at least one page (``P >= 1``): invalid table entries gather page 0 (masked).
 """
@@ -110,26 +113,24 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     group = b("Div", heads, hkv)
     qf = b("Cast", "q", to=F32)
 
-    # The pools as tables of rows (views for the runtime, nothing copied): keys [P*page, Hkv*Dk],
-    # values [Pv*page, Hkv, Dv] (no rows when the values come from the keys).
-    k_table = b("Reshape", "k_pool", _dims(b, b("Mul", n_pages, page), b("Mul", hkv, dk)), allowzero=1)
-    v_table = b("Reshape", "v_pool", _dims(b, b("Mul", v_pages, page), hkv, dv), allowzero=1)
+    # The pools as tables of (token, kv head) rows, views for the runtime (nothing copied): keys
+    # [P*page*Hkv, Dk], values [Pv*page*Hkv, Dv] (no rows when the values come from the keys).
+    k_table = b("Reshape", "k_pool", _dims(b, b("Mul", b("Mul", n_pages, page), hkv), dk), allowzero=1)
+    v_table = b("Reshape", "v_pool", _dims(b, b("Mul", b("Mul", v_pages, page), hkv), dv), allowzero=1)
     has_v = b("Min", v_pages, b.const(1))
+    from_keys = b("Cast", b("Sub", b.const(1), has_v), to=F32)  # 1.0: values are the first Dv key channels
+    v_slots = _one_d(b, b("Mul", k_sel_count, has_v))  # K or 0 value rows per query
+    k_wider = _one_d(b, b("Max", b("Sub", dv, dk), b.const(0)))  # pad of the key path's output to Dv
+    kv_heads = b("Reshape", b("Range", b.const(0), hkv, b.const(1)), b.const([1, 1, -1, 1]))  # [1,1,Hkv,1]
     block_ids = b("Reshape", b("Cast", "block_table", to=I64), b.const([-1]))  # [B*M]
     batch_offset = b("Reshape", b("Mul", b("Range", b.const(0), batch, b.const(1)), blocks), b.const([-1, 1, 1]))
     per_row = b("Mul", b("Mul", batch, k_sel_count),
-                b("Add", b("Mul", hkv, b("Add", dk, dv)), b("Mul", heads, b.const(3))))
+                b("Add", b("Mul", hkv, b("Add", b("Mul", dk, b.const(2)), dv)), b("Mul", heads, b.const(3))))
     rows, trips, offsets = _chunking(b, s_len, per_row)
     last_row = b("Sub", s_len, b.const(1))
-    n_rows = b("Mul", b("Mul", batch, rows), k_sel_count)  # gathered rows a chunk: N = B*rows*K
-    from_keys_rows = b("Mul", n_rows, b("Sub", b.const(1), has_v))  # N or 0
-    from_values_rows = b("Mul", n_rows, has_v)  # 0 or N
     q_group_shape = _dims(b, batch, rows, hkv, group, dk)
     out_shape = _dims(b, batch, rows, heads, dv)
-    k_sel_shape = _dims(b, batch, rows, k_sel_count, hkv, dk)
-    v_sel_shape = _dims(b, batch, rows, k_sel_count, hkv, dv)
-    k_rows_shape = _dims(b, n_rows, hkv, dk)
-    k_part_shape = _dims(b, from_keys_rows, hkv, dv)
+    pad_to_dv = b("Concat", b.const([0, 0, 0, 0, 0, 0, 0, 0, 0]), k_wider, axis=0)
 
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
@@ -141,27 +142,30 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     page_id = t("Gather", block_ids, t("Add", block, batch_offset), axis=0)  # [B,rows,K]
     valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
     pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
-    flat = t("Reshape", t("Where", valid, pool_row, t.const(0)), t.const([-1]))  # [N] rows of the tables
-    k_rows = t("Cast", t("Gather", k_table, flat, axis=0), to=F32)  # [N, Hkv*Dk]
-    k_sel = t("Transpose", t("Reshape", k_rows, k_sel_shape), perm=[0, 1, 3, 2, 4])  # [B,rows,Hkv,K,Dk]
-    # Values: the first Dv key channels of N rows (no value pages) or N gathered value rows.
-    k_part = t("Reshape", t("Slice", t("Reshape", k_rows, k_rows_shape), t.const([0, 0]),
-                            t("Concat", _one_d(t, from_keys_rows), _one_d(t, dv), axis=0), t.const([0, 2])),
-               k_part_shape, allowzero=1)
-    v_flat = t("Slice", flat, t.const([0]), _one_d(t, from_values_rows), t.const([0]))
-    v_part = t("Cast", t("Gather", v_table, v_flat, axis=0), to=F32)  # [N or 0, Hkv, Dv]
-    values = t("Concat", k_part, v_part, axis=0)  # [N, Hkv, Dv]
-    # Skipped slots read pool row 0, a page that may belong to no sequence: zero their values, so
-    # that whatever it holds (NaN included) meets a probability of 0 as a 0.
-    v_sel = t("Transpose", t("Reshape", values, v_sel_shape), perm=[0, 1, 3, 2, 4])  # [B,rows,Hkv,K,Dv]
-    v_sel = t("Where", t("Unsqueeze", valid, t.const([2, 4])), v_sel, t.const(0.0, F32))
+    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
+    table_rows = t("Add", t("Mul", pool_row, hkv), kv_heads)  # [B,rows,Hkv,K] rows of the tables
+    # Gathered straight in [B,rows,Hkv,K,Dk] order. Skipped slots read pool row 0, a page that may
+    # belong to no sequence: zero them, so that whatever it holds (NaN included) meets a
+    # probability of 0 as a 0.
+    valid5 = t("Unsqueeze", valid, t.const([2, 4]))  # [B,rows,1,K,1]
+    k_sel = t("Where", valid5, t("Cast", t("Gather", k_table, table_rows, axis=0), to=F32), t.const(0.0, F32))
     q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])
     logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
                t.ref("scale", AttributeProto.FLOAT))  # [B,rows,Hkv,G,K]
     valid_c = t("Unsqueeze", valid, t.const([2, 3]))  # [B,rows,1,1,K]
     probs = t("Softmax", t("Where", valid_c, logits, t.const(-1e30, F32)), axis=-1)
+    # Values from keys: probabilities times the whole key rows, then the first Dv channels of the
+    # small [.., G, Dk] result (no copy of the selected rows); zero when there are value pages.
+    from_k = t("Slice", t("MatMul", t("Mul", probs, from_keys), k_sel), t.const([0]), _one_d(t, dv), t.const([4]))
+    from_k = t("Pad", from_k, pad_to_dv)  # [.., G, Dv] (wider only when value pages carry Dv > Dk)
+    # Value pages: K gathered value rows per query (0 when the values come from the keys).
+    v_rows = t("Slice", table_rows, t.const([0]), v_slots, t.const([3]))  # [B,rows,Hkv,K or 0]
+    v_sel = t("Gather", v_table, v_rows, axis=0)  # [B,rows,Hkv,K or 0,Dv]
+    v_sel = t("Where", t("Slice", valid5, t.const([0]), v_slots, t.const([3])), t("Cast", v_sel, to=F32),
+              t.const(0.0, F32))
+    from_v = t("MatMul", t("Slice", probs, t.const([0]), v_slots, t.const([4])), v_sel)  # [..,G,Dv], 0 if K=0
     any_valid = t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1)  # [B,rows,1,1,1]
-    chunk_out = t("Reshape", t("Mul", t("MatMul", probs, v_sel), any_valid), out_shape)  # [B,rows,H,Dv]
+    chunk_out = t("Reshape", t("Mul", t("Add", from_k, from_v), any_valid), out_shape)  # [B,rows,H,Dv]
     stacked = _loop(b, t, iteration, cond, chunk_out, F32, 4, trips)
     b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
     b.rename_last("out")
