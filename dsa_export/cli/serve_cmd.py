@@ -36,6 +36,9 @@ from dsa_export.runtime.session import RUNTIME_CHOICES
               help="auto: each stage's engine where it can run here, else its ONNX Runtime artifact.")
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="Run each pipeline stage in a Ray actor (as generate --ray); the HTTP front stays in this process.")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Cut each step's decode rows into M calls; with the prefill call they overlap across pipeline "
+                   "stages.")
 @click.option("--api-key", envvar="DSA_EXPORT_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* (also from $DSA_EXPORT_API_KEY).")
 @click.option("--served-model-name", default=None,
@@ -48,7 +51,7 @@ from dsa_export.runtime.session import RUNTIME_CHOICES
 @click.option("--no-verify", is_flag=True, help="Open the files without checking their recorded sizes and sha256.")
 def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_per_step: int, max_queue: int,
             max_model_len: int | None, kv_pages: int | None, runtime: str, ray_address: str | None,
-            api_key: str | None, served_model_name: str | None, tokenizer: Path | None, drain_timeout: float,
+            micro_batches: int, api_key: str | None, served_model_name: str | None, tokenizer: Path | None, drain_timeout: float,
             access_log: bool, no_verify: bool) -> None:
     """Serve ARTIFACT behind OpenAI's API with continuous batching: a stage build or stage export
     (pipeline.json), a build folder or a paged-graph .onnx (export or build with --graph paged).
@@ -91,7 +94,8 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
 
         engine = ServingEngine(model, text, eos_token_ids=eos, max_batch=max_batch,
                                max_tokens_per_step=max_tokens_per_step, max_queue=max_queue,
-                               max_model_len=max_model_len, kv_pages=kv_pages, on_lost=lost)
+                               max_model_len=max_model_len, kv_pages=kv_pages, on_lost=lost,
+                               micro_batches=micro_batches)
         app = create_app(engine, text, name, api_key=api_key)
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
         config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="off",

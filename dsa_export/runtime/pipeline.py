@@ -359,6 +359,14 @@ class PipelineSession(Session):
         slots: list[str | None] = [slot if micro_batches == 1 else f"{slot}/{m}" for m in range(micro_batches)]
         return _concat(self._flow(parts, slots, every_stage=False))
 
+    def forward_calls(self, calls: list[dict[str, np.ndarray]], slot: str) -> list[dict[str, np.ndarray]]:
+        """Several calls of a paged pipeline (each a :meth:`forward` feed) submitted at once: every
+        stage takes them in order, so stage ``i`` runs call ``c + 1`` while stage ``i + 1`` runs
+        call ``c``. The calls must touch different pages (a server's decode rows and prefill
+        chunks do). Returns each call's outputs, in order."""
+        checked = [self._checked(feeds, self.step_inputs) for feeds in calls]
+        return self._flow(checked, [slot] * len(checked), every_stage=False)
+
     def release(self, slot: str, micro_batches: int = 1) -> None:
         """Drop the caches of ``slot`` in every stage."""
         for handle in self.handles:

@@ -9,9 +9,11 @@ allocator. Requests join and leave at any step:
   reserved when it starts, so a running request can never run out of pages (no preemption is
   needed). The waiting queue holds at most ``max_queue`` requests; past that :meth:`submit`
   refuses (the HTTP front answers 429 with Retry-After).
-* **A step** is at most two calls of the model: one decode call with one token for every running
-  request past its prompt, then one prefill call with the next chunk of the prompts still being
+* **A step** is a decode call with one token for every running request past its prompt (cut into
+  ``micro_batches`` calls), then one prefill call with the next chunk of the prompts still being
   read, FIFO, within the step's token budget (``max_tokens_per_step`` minus the decode rows). The
+  calls are submitted together: on a pipeline of several stages they overlap (stage ``i`` runs the
+  next call while stage ``i + 1`` runs the one before; they touch different pages). The
   graph takes ``[rows, width]`` tokens and computes the padding too, so the budget counts
   ``rows x width``: the oldest reading request sets the width, others join while that fits. A
   decode row is never put in a prefill call (it would be padded to the chunk's width).
@@ -168,7 +170,7 @@ class ServingEngine:
     def __init__(self, model, tokenizer: ServedTokenizer, *, eos_token_ids=(), max_batch: int = 16,
                  max_tokens_per_step: int = 512, max_queue: int = 256, max_model_len: int | None = None,
                  kv_pages: int | None = None, metrics: ServeMetrics | None = None,
-                 on_lost: Callable[[str], None] | None = None):
+                 on_lost: Callable[[str], None] | None = None, micro_batches: int = 1):
         if not getattr(model, "paged", False):
             raise DSAUserError("serve needs a paged graph (continuous batching puts requests of different lengths "
                                "in one call); export or build the model with --graph paged.")
@@ -187,6 +189,9 @@ class ServingEngine:
                                 f"({limits.batch}); pass --max-batch {limits.batch} or build with a larger "
                                 "--max-batch.")
         self.max_batch = max_batch
+        if micro_batches < 1:
+            raise DSAUsageError(f"--micro-batches must be at least 1; got {micro_batches}.")
+        self.micro_batches = micro_batches
         self.call_limit = limits.call
         if max_tokens_per_step < 1:
             raise DSAUsageError(f"--max-tokens-per-step must be at least 1; got {max_tokens_per_step}.")
@@ -331,10 +336,13 @@ class ServingEngine:
     def _step(self) -> None:
         self._drop_cancelled()
         self._admit()
+        calls: list[tuple[list[Request], np.ndarray, np.ndarray]] = []
         decode = [r for r in self.running if not r.reading][: self.max_batch]
-        if decode:
-            ids = np.array([[r.generated[-1]] for r in decode], dtype=np.int64)
-            self._call(decode, ids, np.ones(len(decode), dtype=np.int64))
+        for part in np.array_split(np.arange(len(decode)), min(self.micro_batches, len(decode)) or 1):
+            if part.size:
+                rows = [decode[i] for i in part]
+                calls.append((rows, np.array([[r.generated[-1]] for r in rows], dtype=np.int64),
+                              np.ones(len(rows), dtype=np.int64)))
         # Prompt chunks: the first reading request sets the call's width; others join while
         # rows x width (padding included: it is computed too) stays within the step's budget.
         budget = max(1, self.max_tokens_per_step - len(decode))
@@ -353,7 +361,9 @@ class ServingEngine:
             ids = np.zeros((len(rows), width), dtype=np.int64)
             for row, (request, count) in enumerate(zip(rows, counts)):
                 ids[row, :count] = request.prompt[request.cached: request.cached + count]
-            self._call(rows, ids, np.asarray(counts, dtype=np.int64))
+            calls.append((rows, ids, np.asarray(counts, dtype=np.int64)))
+        if calls:
+            self._run(calls)
 
     def _drop_cancelled(self) -> None:
         with self._cond:
@@ -376,31 +386,43 @@ class ServingEngine:
                 self.pages_reserved += need
                 self.running.append(request)
 
-    def _call(self, rows: list[Request], ids: np.ndarray, counts: np.ndarray) -> None:
+    def _run(self, calls: list[tuple[list[Request], np.ndarray, np.ndarray]]) -> None:
+        """Run the step's calls (submitted together: on a pipeline of several stages they overlap,
+        each stage taking them in order), then give every request whose prompt is complete its
+        next token."""
         pages = self.model.pages
-        starts = np.array([r.cached for r in rows], dtype=np.int64)
-        for request, total in zip(rows, starts + counts):
-            pages.ensure(request.id, int(total))
-        feeds = {"input_ids": ids, "query_start": starts.astype(np.int32), "query_lengths": counts.astype(np.int32),
-                 "block_table": pages.table([r.id for r in rows])}
+        feeds = []
+        for rows, ids, counts in calls:
+            starts = np.array([r.cached for r in rows], dtype=np.int64)
+            for request, total in zip(rows, starts + counts):
+                pages.ensure(request.id, int(total))
+            feeds.append({"input_ids": ids, "query_start": starts.astype(np.int32),
+                          "query_lengths": counts.astype(np.int32), "block_table": pages.table([r.id for r in rows])})
         began = time.perf_counter()
         try:
-            logits = self.model.forward(feeds, SLOT)["logits"]
-        except Exception as exc:  # noqa: BLE001 - a stage failed: fail this call's requests, keep serving
+            if len(feeds) == 1 or not hasattr(self.model, "forward_calls"):
+                outputs = [self.model.forward(f, SLOT) for f in feeds]
+            else:
+                outputs = self.model.forward_calls(feeds, SLOT)
+        except Exception as exc:  # noqa: BLE001 - a stage failed: fail this step's requests, keep serving
             self.healthy = False
             error = _call_error(exc)
-            log.error("a model call of %d rows failed: %s", len(rows), exc)
-            for request in rows:
+            failed = [request for rows, _ids, _counts in calls for request in rows]
+            log.error("a model call of %d rows failed: %s", len(failed), exc)
+            for request in failed:
                 self._fail(request, error)
             if isinstance(exc, StageLostError):
                 self._lost(exc)
             return
         self.healthy = True
-        self.metrics.observe_call(len(rows), int(counts.sum()), time.perf_counter() - began)
-        for row, (request, count) in enumerate(zip(rows, counts)):
-            request.cached += int(count)
-            if not request.reading and not request.done:
-                self._next_token(request, logits[row])
+        elapsed = time.perf_counter() - began
+        for (rows, _ids, counts), out in zip(calls, outputs):
+            self.metrics.observe_call(len(rows), int(counts.sum()), elapsed)
+            logits = out["logits"]
+            for row, (request, count) in enumerate(zip(rows, counts)):
+                request.cached += int(count)
+                if not request.reading and not request.done:
+                    self._next_token(request, logits[row])
 
     def _next_token(self, request: Request, logits: np.ndarray) -> None:
         params = request.params

@@ -123,7 +123,8 @@ class ServeMetrics:
             for name, histogram, text in (
                     ("time_to_first_token_seconds", self.ttft, "From arrival to the first generated token."),
                     ("time_per_output_token_seconds", self.tpot, "Mean time per generated token after the first."),
-                    ("model_call_seconds", self.call_seconds, "Seconds per model call."),
+                    ("model_call_seconds", self.call_seconds,
+                     "Seconds per model call (calls submitted together each count their group's time)."),
                     ("batch_size", self.call_rows, "Rows (requests) per model call."),
                     ("tokens_per_call", self.call_tokens, "Tokens fed per model call.")):
                 lines += [f"# HELP {p}{name} {text}", f"# TYPE {p}{name} histogram", *histogram.lines(p + name)]

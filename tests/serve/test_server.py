@@ -276,6 +276,7 @@ def test_engine_failure_fails_that_calls_requests_and_keeps_serving(checkpoint_a
         return forward(feeds, slot, micro_batches)
 
     model.forward = flaky
+    model.forward_calls = lambda calls, slot: [flaky(feeds, slot) for feeds in calls]
     tokenizer = ServedTokenizer(checkpoint)
     engine = ServingEngine(model, tokenizer, eos_token_ids=(), max_batch=2, max_model_len=256)
     engine.start()
@@ -394,7 +395,7 @@ def test_serving_stages_in_ray_actors_and_losing_one(checkpoint_and_export, hf_m
     assert result.exit_code == 0, result.output
     with open("/proc/self/stat") as f:
         began = float(f.read().rsplit(")", 1)[1].split()[19])
-    server = Server(stages, "--ray", "auto", "--max-model-len", 1024)
+    server = Server(stages, "--ray", "auto", "--max-model-len", 1024, "--micro-batches", 2)
     try:
         client = server.client(key="none")
         prompts = _prompts(4, seed=8)
