@@ -187,6 +187,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         prefill, decode = paged_profiles(max_batch, max_seq, page_size(exported.stages[0].inputs))
     else:
         prefill, decode = decode_profiles(max_batch, max_seq)
+    calibration: list[Path] | None = None
+    if settings.precision in ("int8", "fp8"):
+        calibration = _calibration_feeds(export_folder, exported, settings, output, say)
     # The engine gets both profiles; the ONNX Runtime artifact (one range) takes their union.
     base = replace(settings, ranges=combined((prefill, decode)), profiles=(ShapeRange(prefill), ShapeRange(decode)),
                    timing_cache=output / TIMING_CACHE, force=True, model=None, output=output)
@@ -197,6 +200,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         device = int(devices[stage.index]) if devices is not None else stage.index % gpu_count
         folder = f"stage_{stage.index:02d}"
         stage_settings = replace(base, model=str(export_folder / stage.onnx), output=output / folder, device=device)
+        if calibration is not None:  # each stage calibrates on the float outputs of the stages before it
+            stage_settings = replace(stage_settings, calibration_data=str(calibration[stage.index]))
         key = _build_key(stage, stage_settings)
         entry = replace(stage, onnx=(rel_export / stage.onnx).as_posix(),
                         data=(rel_export / stage.data).as_posix() if stage.data else None,
@@ -236,6 +241,25 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
     record(done)
     outcomes.sort(key=lambda o: o.index)
     return replace(pipeline, stages=entries), outcomes
+
+
+def _calibration_feeds(export_folder: Path, exported, settings: BuildSettings, output: Path,
+                       say: Callable[[str], None]) -> list[Path]:
+    """Every stage's calibration feeds, made from the user's token ids by running the exported
+    stages in order (:mod:`dsa_export.build.stage_calibration`); kept under
+    ``output/calibration/<digest of the data>/`` so that a resumed build reuses them."""
+    from dsa_export.build.stage_calibration import CALIBRATION_DIR, data_digest, stage_calibration_data
+
+    data = settings.calibration_data
+    if not data or data == "builtin" or ".py" in data:
+        raise DSAUsageError(f"--precision {settings.precision} of a stage build calibrates every stage on what the "
+                            "stages before it produce: pass --calibration-data DIR, a folder of token ids (.npy [B, L] "
+                            "or .npz with input_ids) of real text.")
+    folder = Path(data)
+    if not folder.is_dir():
+        raise DSAUserError(f"--calibration-data '{folder}' is not a folder; a stage build calibrates from a folder of "
+                           ".npy token ids ([B, L]) or .npz files with input_ids.")
+    return stage_calibration_data(export_folder, exported, folder, output / CALIBRATION_DIR / data_digest(folder), say)
 
 
 def _relative_model(model: dict, export_folder: Path, output: Path) -> dict:

@@ -33,7 +33,10 @@ from dsa_export.hf.plan import DEFAULT_MAX_SEQ
               help="TensorRT builder optimization level.")
 @click.option("--rtx-target", "rtx_targets", type=RTX_TARGET, multiple=True, metavar="SMxy",
               help="TensorRT-RTX compute capability to build for (repeatable; default: the GPU here, else SM89).")
-@click.option("--calibration-data", default=None, help="int8/fp8: calibration data (default: the model's bundled data).")
+@click.option("--calibration-data", default=None,
+              help="int8/fp8: calibration data (default: the model's bundled data). With --stages: a folder of token "
+                   "ids (.npy [B, L] or .npz with input_ids); each stage is calibrated on what the stages before it "
+                   "produce.")
 @click.option("--skip-checks", is_flag=True, help="Build even when the compatibility checks find a blocking problem.")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch validation stage.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUTPUT folder that holds no previous build.")
@@ -116,10 +119,6 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     if settings.ranges != DEFAULT_RANGE:
         raise click.UsageError("--min/--opt/--max-shapes do not apply to stage builds: their prefill and decode "
                                "profiles come from --max-batch and --max-seq.")
-    if settings.precision in ("int8", "fp8"):
-        raise click.UsageError(f"--precision {settings.precision} is not available for stage builds (calibrating a "
-                               "stage needs the hidden states of the stages before it); use fp32, fp16 or bf16 (FP8 "
-                               "checkpoint weights stay FP8).")
     count: str | int | None = stages
     if stages is not None and stages != "auto":
         if not stages.isdigit() or int(stages) < 1:
@@ -132,10 +131,14 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
         except ValueError:
             raise click.BadParameter(f"{devices!r} is not a comma-separated list of GPU indices.",
                                      param_hint="--devices") from None
+    # int8/fp8 stages are calibrated on ONNX Runtime's CPU provider: they are exported in fp32 (FP8
+    # checkpoint weights stay FP8), like the single-file build's calibration input.
+    dtype = settings.precision if settings.precision in ("fp32", "fp16", "bf16") else (
+        "fp32" if settings.precision in ("int8", "fp8") else None)
     began = time.perf_counter()
     pipeline, outcomes = build_stages(model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus,
                                       max_batch=max_batch, max_seq=max_seq, devices=device_list, ray=ray_address,
-                                      dtype=settings.precision if settings.precision in ("fp32", "fp16", "bf16") else None,
+                                      dtype=dtype,
                                       graph=graph or "decode", say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "
