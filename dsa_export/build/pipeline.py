@@ -359,7 +359,9 @@ class _Pipeline:
                 from dsa_export.manifest import verify_recorded_onnx
 
                 verify_recorded_onnx(src)
-                linked = _link_external_data(src, self.work)
+                # Calibration loads the weights with onnx.load, which refuses a data file with
+                # several hard links: an int8/fp8 build copies them.
+                linked = _link_external_data(src, self.work, copy=precision in ("int8", "fp8"))
                 from dsa_export.export.exporter import relocate_reference
 
                 copied = onnx.load(str(src), load_external_data=False)
@@ -372,7 +374,8 @@ class _Pipeline:
                     with atomic_output(onnx_path) as tmp:
                         shutil.copyfile(src, tmp)
                 state["source"] = str(src.resolve())
-                data = f" and its external data ({', '.join(linked)}, hard-linked where possible)" if linked else ""
+                how = "copied" if precision in ("int8", "fp8") else "hard-linked where possible"
+                data = f" and its external data ({', '.join(linked)}, {how})" if linked else ""
                 return "skipped", f"supplied {src.name}, copied to {ONNX_NAME}{data}"
             from dsa_export.export import ExportSettings, export_model, save_model
             from dsa_export.quiet import third_party_output
@@ -453,12 +456,12 @@ class _Pipeline:
 
         # 3. calibrate ----------------------------------------------------------------------
         def calibrate() -> tuple[str, str]:
-            from dsa_export.trt.tensorrt import has_qdq
+            from dsa_export.trt.tensorrt import is_calibrated
 
             if precision not in ("int8", "fp8"):
                 state["calibration"] = None
                 return "skipped", f"{precision} needs no calibration"
-            if has_qdq(model):
+            if is_calibrated(model):  # FP8 checkpoint weights alone (DequantizeLinear) still need it
                 state["calibration"] = {"supplied": True, "model": ONNX_NAME}
                 return "skipped", "the supplied file already has Q/DQ nodes"
             from dsa_export.build.calibrate import calibrate as run_calibration
@@ -681,10 +684,11 @@ def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _link_external_data(src: Path, work: Path) -> list[str]:
+def _link_external_data(src: Path, work: Path, *, copy: bool = False) -> list[str]:
     """Put the external data files of ``src`` next to the build's copy, under the names the graph
     records: hard links when the folders share a filesystem (a stage's weights are not copied),
-    else copies. Digests known from the export's record go into the build folder's cache."""
+    else (or with ``copy``) copies. Digests known from the export's record go into the build
+    folder's cache."""
     from dsa_export.manifest import confined, external_data_files, recorded_digests, remember_hashes
 
     locations = external_data_files(src)
@@ -696,9 +700,14 @@ def _link_external_data(src: Path, work: Path) -> list[str]:
             raise DSAUserError(f"'{source}', the external data of '{src}', is missing; export the model again.")
         target = confined(work, location, f"the external data location '{location}' in '{src}'")
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
+        hard_linked = False
+        if not copy:
+            try:
+                os.link(source, target)
+                hard_linked = True
+            except OSError:  # another filesystem, or links not allowed: copy
+                pass
+        if not hard_linked:
             with atomic_output(target) as tmp:
                 shutil.copyfile(source, tmp)
         if source.resolve() in digests:

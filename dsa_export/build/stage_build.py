@@ -161,10 +161,15 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         if stages is None:
             raise DSAUsageError("building a checkpoint as pipeline stages needs --stages auto|N.")
         export_folder = output / EXPORT_DIR
+        # Calibration (int8/fp8) quantizes float weights: an FP8 checkpoint's are dequantized for it
+        # (the FP8 experts recipe gives DeepSeek's expert bytes back).
+        from dsa_export.hf.loader import inspect_checkpoint
+
+        dequantize = settings.precision in ("int8", "fp8") and inspect_checkpoint(model).fp8
         say(f"Exporting the stages of {model} into {export_folder} ...")
         exported, _ = export_stages(model, export_folder, StageExportSettings(
             stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch, max_seq=max_seq, graph=graph,
-            export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
+            dequantize_fp8=dequantize, export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
     else:
         raise DSAUserError(f"{model} is neither a Hugging Face checkpoint directory nor a stage export folder "
                            "(no config.json, no pipeline.json).")

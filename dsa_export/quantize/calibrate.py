@@ -157,7 +157,11 @@ class _OneFeed:
 def _calibrator(model_path: Path, augmented: Path, tensors: list[str], method: str, percentile: float, num_bins: int):
     from onnxruntime.quantization.calibrate import EntropyCalibrater, MinMaxCalibrater, PercentileCalibrater
 
-    common = {"augmented_model_path": str(augmented), "symmetric": True}
+    # The augmented copy of a model with external data keeps its weights outside the protobuf too
+    # (a protobuf holds at most 2 GiB: a real-width layer's weights do not fit).
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL
+                   for t in onnx.load(str(model_path), load_external_data=False).graph.initializer)
+    common = {"augmented_model_path": str(augmented), "symmetric": True, "use_external_data_format": external}
     if method == "minmax":
         calibrator = MinMaxCalibrater(model_path, **common)
     elif method == "entropy":

@@ -210,7 +210,10 @@ def _run_all(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], tmp: Pa
     from dsa_export.runtime.onnxrt import session
 
     path = tmp / f"{tag}.onnx"
-    onnx.save(model, str(path))
+    # Weights past what one protobuf holds (2 GiB: a real-width layer) go to a file beside it.
+    large = sum(len(t.raw_data) for t in model.graph.initializer) > (1 << 30)
+    onnx.save(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
+              location=f"{tag}.onnx.data")
     sess = session(path)
     names = [o.name for o in sess.get_outputs()]
     return [dict(zip(names, sess.run(names, feed))) for feed in feeds]

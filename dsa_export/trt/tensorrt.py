@@ -129,6 +129,12 @@ def has_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
+def is_calibrated(model: onnx.ModelProto) -> bool:
+    """Whether the graph quantizes activations (a ``QuantizeLinear``: what calibration inserts).
+    A checkpoint's FP8 weights alone (``DequantizeLinear`` of initializers) are not a calibration."""
+    return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+
+
 def dsa_nodes(model: onnx.ModelProto) -> int:
     """Number of ``dsa``-domain nodes with a plugin the graph runs, counting those inside the other
     local functions it calls (ops without a plugin, such as the paged ones, always build their

@@ -82,3 +82,19 @@ def test_quantized_stage_builds_need_token_ids(tmp_path):
     assert result.exit_code == 2
     assert "pass --calibration-data DIR, a folder of token ids" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_fp8_checkpoint_is_calibrated_not_taken_as_calibrated(tmp_path, calibration_data):
+    """An FP8 checkpoint's weights are DequantizeLinear nodes, not a calibration: its int8 stage
+    build exports the weights dequantized, calibrates every stage and quantizes them again."""
+    from dsa_export.manifest import read_pipeline
+    from tests.hf.conftest import make_checkpoint, make_fp8_checkpoint
+
+    fp8, _weights = make_fp8_checkpoint(tmp_path, make_checkpoint(tmp_path, "deepseek_v32", layers=2, index_topk=8))
+    out = tmp_path / "build"
+    result = _cli("build", fp8, "--stages", 2, "--precision", "int8", "--calibration-data", calibration_data,
+                  "--max-batch", 2, "--max-seq", 64, "--backend", "onnxruntime", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    for stage in read_pipeline(out).stages:
+        calibration = json.loads((out / stage.build / "manifest.json").read_text())["calibration"]
+        assert calibration["samples"] == 6 and not calibration.get("supplied"), calibration
