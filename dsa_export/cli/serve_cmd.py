@@ -25,7 +25,7 @@ from dsa_export.runtime.session import RUNTIME_CHOICES
               help="Requests in the running batch at most (at most the build's batch profile).")
 @click.option("--max-tokens-per-step", type=click.IntRange(min=1), default=512, show_default=True,
               help="Tokens one scheduler step feeds: decode rows plus prompt chunks of requests starting.")
-@click.option("--max-queue", type=click.IntRange(min=0), default=256, show_default=True,
+@click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
               help="Requests waiting at most; more are answered 429 with Retry-After.")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=None,
               help="Tokens per sequence (prompt and answer) at most; default: the build's limit (8192 for an .onnx).")

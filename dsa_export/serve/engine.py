@@ -196,6 +196,8 @@ class ServingEngine:
         if max_tokens_per_step < 1:
             raise DSAUsageError(f"--max-tokens-per-step must be at least 1; got {max_tokens_per_step}.")
         self.max_tokens_per_step = max_tokens_per_step
+        if max_queue < 1:  # every request waits (however briefly) before it is admitted
+            raise DSAUsageError(f"--max-queue must be at least 1; got {max_queue}.")
         self.max_queue = max_queue
         if limits.sequence is not None and max_model_len is not None and max_model_len > limits.sequence:
             raise DSAUsageError(f"--max-model-len {max_model_len} is more than this build holds per sequence "
