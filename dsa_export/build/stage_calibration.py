@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from dsa_export.errors import DSAUserError
 from dsa_export.manifest import Pipeline, TensorSpec
+from dsa_export.runtime.generate import read_input_ids
 
 #: Where a stage build keeps its stages' calibration feeds (one folder per data digest).
 CALIBRATION_DIR = "calibration"
@@ -42,16 +43,16 @@ def _samples(data: Path) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
         raise DSAUserError(f"--calibration-data '{data}' holds no .npy or .npz files; give token ids of real text.")
     samples = []
     for path in files:
+        if path.suffix == ".npy":  # the same token-id files `generate --input-ids` reads
+            samples.append((path.name, read_input_ids(path), None))
+            continue
         try:
-            if path.suffix == ".npy":
-                ids, mask = np.load(path, allow_pickle=False), None
-            else:
-                with np.load(path, allow_pickle=False) as archive:
-                    if "input_ids" not in archive.files:
-                        raise DSAUserError(f"calibration file '{path}' has no input_ids array; a stage build takes "
-                                           "token ids (input_ids, optionally attention_mask).")
-                    ids = archive["input_ids"]
-                    mask = archive["attention_mask"] if "attention_mask" in archive.files else None
+            with np.load(path, allow_pickle=False) as archive:
+                if "input_ids" not in archive.files:
+                    raise DSAUserError(f"calibration file '{path}' has no input_ids array; a stage build takes token "
+                                       "ids (input_ids, optionally attention_mask).")
+                ids = archive["input_ids"]
+                mask = archive["attention_mask"] if "attention_mask" in archive.files else None
         except DSAUserError:
             raise
         except Exception as exc:  # numpy raises several kinds on a bad file
@@ -112,8 +113,8 @@ def stage_calibration_data(folder: Path, pipeline: Pipeline, data: Path, output:
     """Write ``output/stage_KK/*.npz`` (every stage's inputs for every sample of ``data``) and
     return those folders, in stage order. ``folder`` holds the exported stages of ``pipeline``."""
     from dsa_export.fileio import atomic_output
-    from dsa_export.runtime.pipeline import open_stage
     from dsa_export.runtime.paged import page_size
+    from dsa_export.runtime.pipeline import open_stage
 
     samples = _samples(Path(data))
     page = page_size(pipeline.stages[0].inputs) if pipeline.graph == "paged" else None
