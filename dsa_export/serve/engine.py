@@ -501,6 +501,8 @@ class ServingEngine:
             elif request in self.waiting:
                 self.waiting.remove(request)
             request.pages = 0
+        # Before the consumer hears the request ended: a client reading /metrics then sees its pages free.
+        self.metrics.set_pages(self.model.pages.pages_in_use, self.model.pages.pages_touched)
 
     def _finish(self, request: Request, outcome: str, event: Event | None = None) -> None:
         if request.done:

@@ -339,8 +339,11 @@ def test_queue_limit_disconnects_and_sigterm_drain(checkpoint_and_export):
 
         # SIGTERM with two requests in flight: both complete, then the server exits 0.
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            pending = [pool.submit(client.completions.create, model=None, prompt="w8 w9", max_tokens=120,
-                                   temperature=0) for _ in range(2)]
+            pending = []
+            for _ in range(2):  # one after the other: the queue holds one request until it is admitted
+                pending.append(pool.submit(client.completions.create, model=None, prompt="w8 w9", max_tokens=120,
+                                           temperature=0))
+                time.sleep(0.5)
             time.sleep(1.0)
             began = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
