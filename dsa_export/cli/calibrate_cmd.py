@@ -35,6 +35,15 @@ from dsa_export.errors import DSAUsageError
 @click.option("--experts", type=click.Choice(["int8", "fp8", "keep"]), default=None,
               help="Routed MoE experts: int8 (per expert per output channel), fp8 (the FP8 experts op, block "
                    "scales per expert) or keep (high precision). Default: the recipe's, else --precision.")
+@click.option("--fp8-activations", type=click.Choice(["static", "dynamic"]), default=None,
+              help="FP8 activation scales: static (one calibrated scale per tensor) or dynamic (one per token and "
+                   "128 channels, computed at run time, as DeepSeek runs its FP8 GEMMs). Default: the recipe's.")
+@click.option("--fp8-weights", type=click.Choice(["channel", "block"]), default=None,
+              help="FP8 weight scales with dynamic activations: channel (one per output channel) or block (one per "
+                   "128x128 block, DeepSeek's weight format). Default: the recipe's.")
+@click.option("--indexer-hadamard/--no-indexer-hadamard", default=None,
+              help="With --quantize-indexer and dynamic FP8: rotate the indexer's q and k by a Hadamard matrix "
+                   "before quantizing them, as DeepSeek-V3.2's indexer does. Default: the recipe's.")
 @click.option("--recipe", type=click.Path(dir_okay=False), default=None,
               help="A calibration recipe (default: the bundled one matching the file).")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -49,12 +58,14 @@ from dsa_export.errors import DSAUsageError
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_options
 def command(onnx_file: Path, output: Path, precision, method, data, samples, percentile, exclude,
-            quantize_indexer, keep_indexer_projections, experts, recipe, cache, from_cache, trt_version, report,
+            quantize_indexer, keep_indexer_projections, experts, fp8_activations, fp8_weights, indexer_hadamard,
+            recipe, cache, from_cache, trt_version, report,
             progress, as_json, json_out) -> None:
     """Calibrate ONNX_FILE (an fp32 export) and write it with explicit QuantizeLinear/DequantizeLinear.
 
     Q/DQ goes on MatMul/Gemm inputs only (weights per-channel, activations per-tensor, both
-    symmetric); the routed MoE experts get per-expert weight quantization; the dsa attention
+    symmetric; or, for FP8 with --fp8-activations dynamic, activations per token and 128
+    channels at run time and weights in 128x128 blocks); the routed MoE experts get per-expert weight quantization; the dsa attention
     nodes, softmax, norms, the indexer's head-weight path and the MoE routers stay in high
     precision. Prints the accuracy report (cosine, SQNR, top-k overlap per DSA layer, router
     agreement per MoE layer) and exits 1 when it fails its thresholds (the files are still
@@ -83,7 +94,8 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     settings = QuantizeSettings(
         precision=precision, method=method, data=data, samples=samples, percentile=percentile,
         exclude=tuple(exclude), quantize_indexer=quantize_indexer,
-        keep_indexer_projections=keep_indexer_projections, experts=experts, recipe=recipe, from_cache=from_cache,
+        keep_indexer_projections=keep_indexer_projections, experts=experts, fp8_activations=fp8_activations,
+        fp8_weights=fp8_weights, indexer_hadamard=indexer_hadamard, recipe=recipe, from_cache=from_cache,
         progress=progress_bars() if progress is None else progress,
     )
     warnings: list[str] = []
@@ -118,7 +130,9 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
     say(
         f"Wrote {output}: {r.precision} Q/DQ on {len(result.placement.targets)} MatMul/Gemm nodes "
         f"({len(result.placement.skipped)} kept in high precision), {experts}"
-        + (f"scales from {from_cache}" if from_cache else f"{r.method} over {result.calibration_samples} samples")
+        + (f"scales from {from_cache}" if from_cache else
+           "activation scales per token at run time" if r.dynamic else
+           f"{r.method} over {result.calibration_samples} samples")
         + f", recipe '{r.name}'.", as_json
     )
     if cache is not None:

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dsa_export.errors import DSAUserError
 from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED
+from dsa_export.quantize.dynamic import ACTIVATION_BLOCK, add_functions, block_for, dynamic_qdq_nodes
 from dsa_export.quantize.experts import (
     ExpertsTarget,
     MoEPlacement,
@@ -206,6 +209,8 @@ def insert_qdq(
     experts_precision: Precision | None = None,
     expert_block_size: int = 128,
     expert_scale_pow2: bool = False,
+    *,
+    dynamic: DynamicForm | None = None,
 ) -> onnx.ModelProto:
     """A copy of ``model`` with Q/DQ per ``placement``.
 
@@ -214,11 +219,15 @@ def insert_qdq(
     the nodes whose inputs should read them through Q/DQ. The routed experts of
     ``placement.experts`` are written in ``experts_precision`` (default: ``precision``), FP8 ones
     in blocks of at most ``expert_block_size``, with power-of-two scales if ``expert_scale_pow2``
-    (see :mod:`.experts`).
+    (see :mod:`.experts`). ``dynamic`` (FP8 only) scales the activations per token and block at
+    run time instead (no ``activation_scales`` needed) and may quantize the weights in square
+    blocks (see :class:`DynamicForm`).
     """
     out = copy.deepcopy(model)
     graph = out.graph
     types = tensor_types(model)
+    if dynamic is not None and precision.name != "fp8":
+        raise ValueError("dynamic activations are FP8 only")
     initializers = {i.name: i for i in graph.initializer}
     needs_opset = precision.min_opset
     # activation -> node indices reading it through Q/DQ
@@ -227,7 +236,7 @@ def insert_qdq(
         readers.setdefault(target.activation, set()).add(target.index)
     for name, nodes in (extra_activations or {}).items():
         readers.setdefault(name, set()).update(nodes)
-    missing = sorted(set(readers) - set(activation_scales))
+    missing = [] if dynamic is not None else sorted(set(readers) - set(activation_scales))
     if missing:
         raise ValueError(f"no scale for activation(s) {missing}")
 
@@ -242,13 +251,21 @@ def insert_qdq(
         float_type = numpy_float(tensor.data_type)
         if tensor.data_type != TensorProto.FLOAT:
             needs_opset = max(needs_opset, 19)
-        reduce_axis = 1 - target.weight_axis
-        amax = np.abs(values.astype(np.float32)).max(axis=reduce_axis)
-        scale = precision.scale(amax)
-        shape = [1, 1]
-        shape[target.weight_axis] = -1
-        quantized = precision.quantize_array(values.astype(np.float32), scale.reshape(shape))
         base = target.weight
+        block = dynamic.weight_block(values.shape) if dynamic is not None else None
+        if block is not None:
+            quantized, scale, axis = weight_blocks(values, target.weight_axis, block, precision,
+                                                   dynamic.weight_scale_pow2)
+            needs_opset = max(needs_opset, 21)
+            attrs = {"axis": axis, "block_size": block}
+        else:
+            reduce_axis = 1 - target.weight_axis
+            amax = np.abs(values.astype(np.float32)).max(axis=reduce_axis)
+            scale = precision.scale(amax)
+            shape = [1, 1]
+            shape[target.weight_axis] = -1
+            quantized = precision.quantize_array(values.astype(np.float32), scale.reshape(shape))
+            attrs = {"axis": target.weight_axis}
         new_inits += [
             numpy_helper.from_array(quantized, f"{base}_quantized"),
             numpy_helper.from_array(scale.astype(float_type), f"{base}_scale"),
@@ -256,7 +273,7 @@ def insert_qdq(
         ]
         weight_nodes.append(helper.make_node(
             "DequantizeLinear", [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"],
-            [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", axis=target.weight_axis,
+            [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", **attrs,
         ))
         dequantized_weight[target.weight] = f"{base}_dequantized"
 
@@ -267,7 +284,12 @@ def insert_qdq(
     needs_opset = max(needs_opset, experts.min_opset)
 
     act_nodes: dict[str, list[onnx.NodeProto]] = {}
-    for name in sorted(readers):
+    read_as = {name: f"{name}_dequantized" for name in readers}
+    if dynamic is not None:
+        act_nodes, read_as, extra_inits, act_block = dynamic_activations(model, sorted(readers), types, dynamic)
+        new_inits += extra_inits
+        needs_opset = max(needs_opset, 21)
+    for name in sorted(readers) if dynamic is None else ():
         elem_type = types.get(name, TensorProto.FLOAT)
         if elem_type != TensorProto.FLOAT:
             needs_opset = max(needs_opset, 19)
@@ -287,7 +309,7 @@ def insert_qdq(
             node = graph.node[index]
             for j, value in enumerate(node.input):
                 if value == name:
-                    node.input[j] = f"{name}_dequantized"
+                    node.input[j] = read_as[name]
     for target in placement.targets:
         node = graph.node[target.index]
         node.input[1] = dequantized_weight[target.weight]
@@ -310,4 +332,118 @@ def insert_qdq(
     set_opset(out, needs_opset)
     if placement.experts:
         expert_function_updates(out, opset_of(out))
+    if dynamic is not None and act_nodes:
+        add_functions(out, opset_of(out), act_block)
     return out
+
+
+@dataclass(frozen=True)
+class DynamicForm:
+    """FP8 as DeepSeek-V3/V3.2 and GLM-5 run it (their ``act_quant`` and 128 x 128 weight blocks).
+
+    Attributes:
+        activation_block: channels per activation scale, at most (halved until it divides every
+            quantized activation's channels; one block size per file).
+        weight_block_size: edge of a weight's square scale block, at most (halved until it divides
+            both dimensions; below 16 the weight keeps one scale per output channel); None keeps
+            per-channel weights.
+        weight_scale_pow2: round weight block scales up to a power of two (``scale_fmt: ue8m0``).
+        hadamard: tensors rotated by a normalized Hadamard matrix before their quantization (the
+            indexer's q and k, as DeepSeek-V3.2's indexer does: q.k is unchanged, outliers spread).
+    """
+
+    activation_block: int = ACTIVATION_BLOCK
+    weight_block_size: int | None = 128
+    weight_scale_pow2: bool = False
+    hadamard: tuple[str, ...] = ()
+
+    def weight_block(self, shape: tuple[int, ...]) -> int | None:
+        if self.weight_block_size is None:
+            return None
+        return block_for(math.gcd(*shape), self.weight_block_size)
+
+
+def weight_blocks(values: np.ndarray, out_axis: int, block: int, precision: Precision,
+                  pow2: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """(quantized weight, scales, blocked axis) of a 2-D weight in ``block`` x ``block`` scale blocks.
+
+    A blocked DequantizeLinear blocks one axis (the input-channel one), so each square block's
+    scale is repeated over its ``block`` output channels: ``[K/b, N]`` for a MatMul weight
+    ``[K, N]`` (axis 0), ``[N, K/b]`` for a ``Gemm transB`` weight ``[N, K]`` (axis 1).
+    """
+    in_axis = 1 - out_axis
+    canonical = np.moveaxis(values.astype(np.float32), out_axis, 0)  # [N, K]
+    n, k = canonical.shape
+    tiles = canonical.reshape(n // block, block, k // block, block)
+    scale = precision.scale(np.abs(tiles).max(axis=(1, 3)))  # [N/b, K/b]
+    if pow2:
+        scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
+    codes = precision.quantize_array(tiles, scale[:, None, :, None]).reshape(n, k)
+    per_row = np.repeat(scale, block, axis=0)  # [N, K/b]
+    if out_axis == 0:
+        return codes, per_row, in_axis
+    return np.ascontiguousarray(codes.T), np.ascontiguousarray(per_row.T), in_axis
+
+
+def _hadamard(size: int) -> np.ndarray:
+    """The ``size`` x ``size`` Hadamard matrix scaled to be orthogonal (``size`` a power of two)."""
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < size:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(size)).astype(np.float32)
+
+
+def _static_dims(model: onnx.ModelProto, names: list[str]) -> dict[str, list]:
+    """Shape (ints or None) of each of ``names``, from the file or ONNX shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    graph = inferred.graph
+    dims = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if value.name in names and value.type.tensor_type.HasField("shape"):
+            dims[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                for d in value.type.tensor_type.shape.dim]
+    return dims
+
+
+def dynamic_activations(model: onnx.ModelProto, names: list[str], types: dict[str, int],
+                        form: DynamicForm) -> tuple[dict, dict[str, str], list[TensorProto], int]:
+    """The dynamic FP8 Q/DQ of every activation of ``names``: (nodes after each producer, the
+    name each reader reads instead, new initializers, the file's block size)."""
+    dims = _static_dims(model, names)
+    channels = {}
+    for name in names:
+        shape = dims.get(name)
+        if not shape or shape[-1] is None:
+            raise DSAUserError(f"the channels of activation '{name}' (its last dimension) are not known statically, so "
+                               "it cannot get per-block dynamic scales; export the model with static hidden sizes.")
+        channels[name] = shape[-1]
+    block = block_for(math.gcd(*channels.values()), form.activation_block) if channels else form.activation_block
+    if block is None:
+        widths = sorted(set(channels.values()))
+        raise DSAUserError(f"the quantized activations' channel counts {widths} have no common block of 16 or more, "
+                           "which dynamic FP8 scales need; use static activations (calibrated per tensor).")
+    nodes: dict[str, list[onnx.NodeProto]] = {}
+    read_as: dict[str, str] = {}
+    inits: list[TensorProto] = []
+    for name in names:
+        elem_type = types.get(name, TensorProto.FLOAT)
+        source = name
+        nodes[name] = []
+        if name in form.hadamard:
+            size = channels[name]
+            if size & (size - 1):
+                raise DSAUserError(f"'{name}' has {size} channels, not a power of two, so it cannot be rotated by a "
+                                   "Hadamard matrix; drop the indexer rotation.")
+            matrix = f"hadamard_{size}"
+            if not any(i.name == matrix for i in inits):
+                inits.append(numpy_helper.from_array(_hadamard(size).astype(numpy_float(elem_type)), matrix))
+            source = f"{name}_rotated"
+            nodes[name].append(helper.make_node("MatMul", [name, matrix], [source], name=f"{name}_Hadamard"))
+        qdq, pin = dynamic_qdq_nodes(source, len(dims[name]), channels[name], block, elem_type)
+        nodes[name] += qdq
+        inits += pin
+        read_as[name] = f"{source}_dequantized"
+    return nodes, read_as, inits, block

@@ -23,7 +23,7 @@ from dsa_export.quantize.calibrate import Feed, check_feeds, collect_amax, input
 from dsa_export.quantize.experts import expert_forms, experts_table
 from dsa_export.quantize.fp8 import E4M3_MAX
 from dsa_export.quantize.precision import get_precision
-from dsa_export.quantize.qdq import Placement, insert_qdq, plan
+from dsa_export.quantize.qdq import DynamicForm, Placement, insert_qdq, plan
 from dsa_export.quantize.recipe import DEFAULTS, Recipe, find_recipe, load_recipe
 from dsa_export.quantize.report import AccuracyReport, Thresholds, accuracy_report
 
@@ -43,8 +43,8 @@ class QuantizeSettings:
     """What ``calibrate`` was asked; ``None`` takes the recipe's value (then :data:`DEFAULTS`).
 
     Attributes:
-        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections, experts:
-            override the recipe.
+        precision, method, samples, percentile, quantize_indexer, keep_indexer_projections, experts,
+            fp8_activations, fp8_weights, indexer_hadamard: override the recipe.
         exclude: extra fnmatch patterns of nodes kept in high precision (added to the recipe's).
         data: a folder of .npz/.npy files, a Polygraphy data-loader script (``file.py[:func]``), or
             ``builtin`` for the recipe's bundled data.
@@ -63,6 +63,9 @@ class QuantizeSettings:
     quantize_indexer: bool | None = None
     keep_indexer_projections: bool | None = None
     experts: str | None = None
+    fp8_activations: str | None = None
+    fp8_weights: str | None = None
+    indexer_hadamard: bool | None = None
     recipe: str | None = None
     from_cache: str | None = None
     report: bool = True
@@ -124,6 +127,8 @@ def resolve_recipe(model: onnx.ModelProto, settings: QuantizeSettings) -> Recipe
             ("precision", settings.precision), ("method", settings.method), ("samples", settings.samples),
             ("percentile", settings.percentile), ("quantize_indexer", settings.quantize_indexer),
             ("keep_indexer_projections", settings.keep_indexer_projections), ("experts", settings.experts),
+            ("fp8_activations", settings.fp8_activations), ("fp8_weights", settings.fp8_weights),
+            ("indexer_hadamard", settings.indexer_hadamard),
         ) if value is not None
     }
     if settings.exclude:
@@ -146,7 +151,7 @@ def _load_model(path: Path) -> onnx.ModelProto:
         raise
     except Exception as exc:
         raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}).") from exc
-    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "TRT_DynamicQuantize") for n in model.graph.node):
         raise DSAUserError(f"'{path}' already holds Q/DQ nodes; calibrate the fp32 export instead.")
     return model
 
@@ -268,6 +273,25 @@ def no_indexer_message(model: onnx.ModelProto, path: str | Path) -> str:
             "top-k overlap is measured; calibrate the plugin-mode export for DSA-aware placement.")
 
 
+def _placement_text(recipe: Recipe) -> str:
+    if recipe.dynamic:
+        weights = ("one scale per square block" if recipe.fp8_weights == "block" else "per-channel") + " symmetric"
+        return (f"FP8 weights {weights}, activations dynamic (one scale per token and block of channels, computed at "
+                "run time: trt::TRT_DynamicQuantize + trt::TRT_BlockDequantize), MatMul/Gemm inputs only; routed "
+                "experts weight-only, per expert (see dsa_export.moe_experts)")
+    return ("weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only; "
+            "routed experts weight-only, per expert (see dsa_export.moe_experts)")
+
+
+def _activation_block(model: onnx.ModelProto) -> int | None:
+    from onnx import helper
+
+    for node in model.graph.node:
+        if node.op_type == "TRT_DynamicQuantize":
+            return int(next(helper.get_attribute_value(a) for a in node.attribute if a.name == "block_shape")[-1])
+    return None
+
+
 def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) -> QuantizeResult:
     """Calibrate ``path`` (an fp32 export, plugin or native) and return its Q/DQ model and report."""
     path = Path(path)
@@ -319,17 +343,26 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
     else:
         if not calib_feeds:
             raise DSAUserError("calibration needs data; pass --data DIR, a data-loader script, or --data builtin.")
-        # The experts' inputs are observed to be recorded (weight-only: they get no Q/DQ).
-        tensors = sorted({*placement.activations, *placement.indexer_activations, *extra,
-                          *(t.x for t in placement.experts)})
+        # The experts' inputs are observed to be recorded (weight-only: they get no Q/DQ). Dynamic
+        # activations need no ranges: only the indexer's and the experts' inputs are recorded.
+        static = () if recipe.dynamic else (*placement.activations, *extra)
+        tensors = sorted({*static, *placement.indexer_activations, *(t.x for t in placement.experts)})
         amax = collect_amax(path, calib_feeds, tensors, recipe.method, recipe.percentile, recipe.num_bins,
                             progress=settings.progress)
-        scales = {n: precision.scale(amax[n])[()] for n in sorted({*placement.activations, *extra})}
+        scales = {n: precision.scale(amax[n])[()] for n in sorted(set(static))}
         calibration_samples = len(calib_feeds)
 
+    dynamic = None
+    if recipe.dynamic:
+        dynamic = DynamicForm(
+            activation_block=recipe.activation_block,
+            weight_block_size=recipe.weight_block_size if recipe.fp8_weights == "block" else None,
+            weight_scale_pow2=recipe.weight_scale_pow2,
+            hadamard=tuple(sorted(extra)) if recipe.indexer_hadamard else (),
+        )
     experts_precision = get_precision(recipe.experts_mode) if placement.experts else precision
     qmodel = insert_qdq(model, placement, scales, precision, extra, experts_precision, recipe.expert_block_size,
-                        recipe.expert_scale_pow2)
+                        recipe.expert_scale_pow2, dynamic=dynamic)
     indexer_scales = indexer_scale_table(placement, amax)
     _set_metadata(qmodel, META_INDEXER_SCALES, json.dumps(indexer_scales, sort_keys=True))
     experts = experts_table(placement.moe, expert_forms(qmodel, placement.experts, recipe.expert_scale_pow2), amax,
@@ -340,7 +373,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         _set_metadata(qmodel, META_OPS, json.dumps({name: 1 for name in used}))
     _set_metadata(qmodel, META_QUANT, json.dumps({
         "precision": recipe.precision,
-        "method": "trt-cache" if settings.from_cache else recipe.method,
+        "method": "trt-cache" if settings.from_cache else "dynamic" if recipe.dynamic else recipe.method,
         "percentile": recipe.percentile if recipe.method == "percentile" else None,
         "recipe": recipe.name,
         "calibration_samples": calibration_samples,
@@ -350,8 +383,11 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         "keep_indexer_projections": recipe.keep_indexer_projections,
         "quantized_experts": [t.node for t in placement.experts],
         "experts": recipe.experts_mode if placement.experts else None,
-        "placement": "weights per-channel symmetric, activations per-tensor symmetric, MatMul/Gemm inputs only; "
-                     "routed experts weight-only, per expert (see dsa_export.moe_experts)",
+        "fp8_activations": recipe.fp8_activations if recipe.precision == "fp8" else None,
+        "activation_block": _activation_block(qmodel) if recipe.dynamic else None,
+        "fp8_weights": recipe.fp8_weights if recipe.dynamic else None,
+        "indexer_hadamard": bool(dynamic and dynamic.hadamard),
+        "placement": _placement_text(recipe),
     }, sort_keys=True))
     try:
         onnx.checker.check_model(qmodel, full_check=True)
@@ -365,7 +401,7 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
         if held_out:
             report = accuracy_report(
                 model, qmodel, held_out, held_labels, model_name=str(path), precision=recipe.precision,
-                method="trt-cache" if settings.from_cache else recipe.method,
+                method="trt-cache" if settings.from_cache else "dynamic" if recipe.dynamic else recipe.method,
                 calibration_samples=calibration_samples, thresholds=recipe.thresholds,
             )
         else:

@@ -21,6 +21,8 @@ from dsa_export.quantize.report import Thresholds
 #: ``calibration/`` of a source checkout (the package sits next to it).
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 PRECISIONS = ("int8", "fp8")
+FP8_ACTIVATIONS = ("static", "dynamic")
+FP8_WEIGHTS = ("channel", "block")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,17 @@ class Recipe:
         expert_scale_pow2: round FP8 expert scales up to a power of two, as DeepSeek's checkpoints
             store them (``scale_fmt: ue8m0``): a dequantized DeepSeek export then gets its FP8
             expert bytes back exactly.
+        fp8_activations: how FP8 activations are scaled: ``static`` (one calibrated scale per
+            tensor) or ``dynamic`` (one scale per token and ``activation_block`` channels, computed
+            at run time, as DeepSeek's ``act_quant``; :mod:`.dynamic`). INT8 is always static.
+        activation_block: channels per dynamic activation scale, at most.
+        fp8_weights: ``channel`` (one scale per output channel) or ``block`` (one per
+            ``weight_block_size`` square block, DeepSeek's weight format; needs dynamic activations).
+        weight_block_size: edge of a weight scale block, at most.
+        weight_scale_pow2: round weight block scales up to a power of two (``scale_fmt: ue8m0``):
+            a dequantized FP8 checkpoint then gets its weight bytes back.
+        indexer_hadamard: with dynamic activations and ``quantize_indexer``, rotate the indexer's q
+            and k by a Hadamard matrix before quantizing them (DeepSeek-V3.2's indexer does).
         data: the bundled data folder, relative to the recipe (what ``--data builtin`` means).
         thresholds: pass marks of the accuracy report.
         eval_inputs: how held-out inputs are generated from the reference model.
@@ -76,6 +89,12 @@ class Recipe:
     experts: str | None = None
     expert_block_size: int = 128
     expert_scale_pow2: bool = False
+    fp8_activations: str = "static"
+    activation_block: int = 128
+    fp8_weights: str = "channel"
+    weight_block_size: int = 128
+    weight_scale_pow2: bool = False
+    indexer_hadamard: bool = False
     data: str | None = None
     thresholds: Thresholds = Thresholds()
     eval_inputs: EvalInputs = EvalInputs()
@@ -86,6 +105,11 @@ class Recipe:
     def experts_mode(self) -> str:
         """``int8``, ``fp8`` or ``keep``: what happens to the routed experts."""
         return self.experts or self.precision
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether activations get run-time per-token scales (FP8 with ``fp8_activations: dynamic``)."""
+        return self.precision == "fp8" and self.fp8_activations == "dynamic"
 
     @property
     def data_dir(self) -> Path | None:
@@ -106,6 +130,20 @@ class Recipe:
             raise DSAUserError(f"{where}: experts '{self.experts}' is unknown; use one of {', '.join(EXPERT_MODES)}.")
         if self.expert_block_size < 1:
             raise DSAUserError(f"{where}: expert_block_size must be at least 1.")
+        if self.fp8_activations not in FP8_ACTIVATIONS:
+            raise DSAUserError(f"{where}: fp8_activations '{self.fp8_activations}' is unknown; use "
+                               f"{' or '.join(FP8_ACTIVATIONS)}.")
+        if self.fp8_weights not in FP8_WEIGHTS:
+            raise DSAUserError(f"{where}: fp8_weights '{self.fp8_weights}' is unknown; use {' or '.join(FP8_WEIGHTS)}.")
+        if self.activation_block < 16 or self.weight_block_size < 16:
+            raise DSAUserError(f"{where}: activation_block and weight_block_size must be at least 16.")
+        if self.precision == "fp8" and self.fp8_weights == "block" and self.fp8_activations != "dynamic":
+            raise DSAUserError(f"{where}: FP8 weights in blocks (fp8_weights 'block') come with dynamic activations; "
+                               "set fp8_activations to 'dynamic' or fp8_weights to 'channel'.")
+        if self.indexer_hadamard and not (self.precision == "fp8" and self.dynamic and self.quantize_indexer):
+            raise DSAUserError(f"{where}: the indexer's Hadamard rotation applies to a quantized indexer with dynamic "
+                               "FP8 activations; also set precision fp8, fp8_activations 'dynamic' and "
+                               "quantize_indexer, or drop indexer_hadamard.")
         if self.samples < 1 or self.num_bins < 128 or self.eval_samples < 0:
             raise DSAUserError(f"{where}: samples must be >= 1, eval_samples >= 0 and num_bins >= 128.")
         return self

@@ -116,6 +116,14 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
         from onnx.inliner import inline_local_functions
 
         model = inline_local_functions(model)
+    from dsa_export.quantize.dynamic import has_dynamic_qdq, inline_for_rtx
+
+    if has_dynamic_qdq(model):
+        # TensorRT-RTX 1.7 imports trt::TRT_DynamicQuantize natively but builds it only for blocks
+        # of 16 ("Dynamic Quantization Op block_size 128 is not supported"); the function bodies
+        # (blocked QuantizeLinear with run-time scales) build, inlined so that their layers get
+        # distinct names.
+        model = inline_for_rtx(model)
     with interrupts.native_call():
         parsed = parser.parse(model.SerializeToString(), str(path))
     if not parsed:

@@ -125,14 +125,21 @@ def file_precision(model: onnx.ModelProto) -> str:
     return "fp32"
 
 
+#: Quantize ops of the graph: ONNX's, and TensorRT's dynamic one (``trt::TRT_DynamicQuantize``,
+#: FP8 activations scaled per token at run time; dsa_export/quantize/dynamic.py).
+_QUANTIZE_OPS = ("QuantizeLinear", "TRT_DynamicQuantize")
+_QDQ_OPS = (*_QUANTIZE_OPS, "DequantizeLinear", "TRT_BlockDequantize")
+
+
 def has_qdq(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    return any(n.op_type in _QDQ_OPS for n in model.graph.node)
 
 
 def is_calibrated(model: onnx.ModelProto) -> bool:
-    """Whether the graph quantizes activations (a ``QuantizeLinear``: what calibration inserts).
-    A checkpoint's FP8 weights alone (``DequantizeLinear`` of initializers) are not a calibration."""
-    return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    """Whether the graph quantizes activations (a ``QuantizeLinear`` or a dynamic quantize: what
+    calibration inserts). A checkpoint's FP8 weights alone (``DequantizeLinear`` of initializers)
+    are not a calibration."""
+    return any(n.op_type in _QUANTIZE_OPS for n in model.graph.node)
 
 
 def dsa_nodes(model: onnx.ModelProto) -> int:

@@ -1,0 +1,195 @@
+"""Dynamic FP8 activations: one scale per token and block of channels, computed at run time.
+
+DeepSeek-V3/V3.2 and GLM-5 are trained and served with FP8 GEMMs whose activations are quantized
+on the fly, one float32 scale per token and 128 channels (``act_quant`` in DeepSeek's inference
+code: ``scale = amax / 448``), against weights in 128 x 128 blocks. A static per-tensor scale
+calibrated offline cannot follow one token's outlier channels, and costs these models several
+points of logit cosine (docs/quantize.md).
+
+The form written into the ONNX file is the pair of TensorRT ONNX-parser ops made for this:
+
+* ``trt::TRT_DynamicQuantize(x) -> (y, scale)`` with ``block_shape`` (the input's rank; ones
+  except the last axis), ``output_type`` (FLOAT8E4M3FN) and ``scale_type`` (FLOAT). The TensorRT
+  ONNX parser maps it to ``INetworkDefinition::addDynamicQuantizeV2`` (``IDynamicQuantizeLayer``
+  with a block shape; TensorRT 11 documents FP8 output with FLOAT scales for it, NvInfer.h);
+* ``trt::TRT_BlockDequantize(y, scale) -> x'`` with ``block_shape`` and ``output_dtype``, which
+  the parser maps to an ``IDequantizeLayer`` with that block shape.
+
+Both nodes are ONNX local functions whose bodies compute the same in standard ops (``Abs``,
+``ReduceMax``, ``Div``, ``Cast`` to float8 with saturation, and back), so ONNX Runtime runs the
+file on CPU, and a TensorRT parser without the native importer (the parser prefers its built-in
+importer for an op type over a local function of the same name) imports the body instead. The
+scale is ``max(amax, 2**-126) / 448``: an all-zero block gets the smallest normal scale, which
+represents it exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+from onnx import TensorProto, helper
+
+TRT_DOMAIN = "trt"
+DYNAMIC_QUANTIZE = "TRT_DynamicQuantize"
+BLOCK_DEQUANTIZE = "TRT_BlockDequantize"
+#: Channels per activation scale (DeepSeek's ``block_size``).
+ACTIVATION_BLOCK = 128
+E4M3_MAX = 448.0
+#: Smallest normal float32: the floor of a block's amax, so an all-zero block divides by a number.
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def block_for(channels: int, largest: int = ACTIVATION_BLOCK) -> int | None:
+    """The largest power of two up to ``largest`` dividing ``channels``; None if below 16 (TensorRT's
+    smallest quantization block, and too small a block to be worth a scale)."""
+    block = largest
+    while block >= 16:
+        if channels % block == 0:
+            return block
+        block //= 2
+    return None
+
+
+def block_shape(rank: int, block: int) -> list[int]:
+    return [1] * (rank - 1) + [block]
+
+
+def _with_ref(node: onnx.NodeProto, name: str, function_attr: str, attr_type: int) -> onnx.NodeProto:
+    """``node`` with attribute ``name`` taken from the function's attribute ``function_attr``."""
+    ref = onnx.AttributeProto()
+    ref.name = name
+    ref.ref_attr_name = function_attr
+    ref.type = attr_type
+    node.attribute.append(ref)
+    return node
+
+
+def _node(op: str, inputs: list[str], outputs: list[str], **attrs) -> onnx.NodeProto:
+    return helper.make_node(op, inputs, outputs, **attrs)
+
+
+def dynamic_quantize_function(opset: int, block: int) -> onnx.FunctionProto:
+    """``TRT_DynamicQuantize(x) -> (y, scale)``: ``block`` channels per scale along the last axis,
+    symmetric, FP8 e4m3.
+
+    The body is a blocked QuantizeLinear (opset 21) with the scales computed from ``x``, the
+    standard form ONNX Runtime runs and TensorRT-RTX builds (an FP8 tensor in TensorRT must come
+    from a quantize layer, not from a Cast; a per-axis form of dynamic length does not parse).
+    ``block_size`` is an attribute there, so the body is made for the file's one block size and
+    the nodes' ``block_shape`` carries the same number (:func:`dynamic_qdq_nodes`).
+    """
+    nodes = [
+        _node("Shape", ["x"], ["lead"], end=-1),
+        _node("Constant", [], ["tail"], value_ints=[-1, block]),
+        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
+        _node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        _node("Reshape", ["xf", "blocked_shape"], ["blocks"]),
+        _node("Abs", ["blocks"], ["abs_blocks"]),
+        _node("Constant", [], ["axis"], value_ints=[-1]),
+        _node("ReduceMax", ["abs_blocks", "axis"], ["amax"], keepdims=0),
+        _node("Constant", [], ["tiny"], value_float=_TINY),
+        _node("Max", ["amax", "tiny"], ["amax_safe"]),
+        _node("Constant", [], ["qmax"], value_float=E4M3_MAX),
+        _node("Div", ["amax_safe", "qmax"], ["scale_f"]),
+        _with_ref(_node("QuantizeLinear", ["xf", "scale_f"], ["y"], axis=-1, block_size=block), "output_dtype",
+                  "output_type", onnx.AttributeProto.INT),
+        _with_ref(_node("Cast", ["scale_f"], ["scale"]), "to", "scale_type", onnx.AttributeProto.INT),
+    ]
+    return helper.make_function(
+        TRT_DOMAIN, DYNAMIC_QUANTIZE, ["x"], ["y", "scale"], nodes,
+        [helper.make_opsetid("", opset)], attributes=["block_shape", "output_type", "scale_type"],
+        doc_string=f"Dynamic symmetric quantization, one scale per {block} channels of the last axis (TensorRT's "
+                   "IDynamicQuantizeLayer); scale = max(amax, 2^-126) / 448, y = saturate_e4m3(x / scale).",
+    )
+
+
+def block_dequantize_function(opset: int, block: int) -> onnx.FunctionProto:
+    """``TRT_BlockDequantize(y, scale) -> x``: ``y`` times its block's scale, in ``output_dtype``.
+
+    The body reads the FP8 codes with a unit-scale DequantizeLinear and multiplies them by the
+    block scales (the same numbers as a blocked DequantizeLinear): with a blocked
+    DequantizeLinear of run-time scales in front of a MatMul of FP8 weights, TensorRT-RTX 1.7
+    fuses an FP8 GEMM that needs constant scales and fails to build
+    (``MyelinCheckException: CHECK(is_constant())``); this form builds.
+    """
+    nodes = [
+        _node("Constant", [], ["one"], value_float=1.0),
+        _node("DequantizeLinear", ["y", "one"], ["codes"]),
+        _node("Shape", ["y"], ["lead"], end=-1),
+        _node("Constant", [], ["tail"], value_ints=[-1, block]),
+        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
+        _node("Reshape", ["codes", "blocked_shape"], ["code_blocks"]),
+        _node("Cast", ["scale"], ["scale_f"], to=TensorProto.FLOAT),
+        _node("Constant", [], ["axis"], value_ints=[-1]),
+        _node("Unsqueeze", ["scale_f", "axis"], ["scale_blocks"]),
+        _node("Mul", ["code_blocks", "scale_blocks"], ["blocks"]),
+        _node("Shape", ["y"], ["full"]),
+        _node("Reshape", ["blocks", "full"], ["xf"]),
+        _with_ref(_node("Cast", ["xf"], ["x"]), "to", "output_dtype", onnx.AttributeProto.INT),
+    ]
+    return helper.make_function(
+        TRT_DOMAIN, BLOCK_DEQUANTIZE, ["y", "scale"], ["x"], nodes,
+        [helper.make_opsetid("", opset)], attributes=["block_shape", "output_dtype"],
+        doc_string=f"Dequantization, one scale per {block} channels of the last axis (TensorRT's IDequantizeLayer "
+                   "with a block shape).",
+    )
+
+
+def dynamic_qdq_nodes(tensor: str, rank: int, channels: int, block: int,
+                      output_dtype: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The nodes putting ``tensor`` through dynamic FP8 quantization, and their initializer; the
+    result is ``{tensor}_dequantized`` (the static Q/DQ's name, so readers are rewired alike).
+
+    A Reshape to ``[0, ..., 0, channels]`` first pins the blocked axis for TensorRT, which needs
+    it known at build time (IDynamicQuantizeLayer, and a blocked quantize layer) and cannot
+    always infer it through the exported graph's computed shapes.
+    """
+    shape = block_shape(rank, block)
+    pin = onnx.numpy_helper.from_array(np.array([0] * (rank - 1) + [channels], np.int64), f"{tensor}_pinned_shape")
+    nodes = [
+        helper.make_node("Reshape", [tensor, pin.name], [f"{tensor}_pinned"], name=f"{tensor}_PinChannels"),
+        helper.make_node(DYNAMIC_QUANTIZE, [f"{tensor}_pinned"], [f"{tensor}_quantized", f"{tensor}_block_scale"],
+                         name=f"{tensor}_DynamicQuantize", domain=TRT_DOMAIN, block_shape=shape,
+                         output_type=TensorProto.FLOAT8E4M3FN, scale_type=TensorProto.FLOAT),
+        helper.make_node(BLOCK_DEQUANTIZE, [f"{tensor}_quantized", f"{tensor}_block_scale"],
+                         [f"{tensor}_dequantized"], name=f"{tensor}_BlockDequantize", domain=TRT_DOMAIN,
+                         block_shape=shape, output_dtype=output_dtype),
+    ]
+    return nodes, [pin]
+
+
+def add_functions(model: onnx.ModelProto, opset: int, block: int) -> None:
+    """Attach (or replace) the two local functions and import the ``trt`` domain."""
+    keep = [f for f in model.functions if f.domain != TRT_DOMAIN]
+    del model.functions[:]
+    model.functions.extend([*keep, dynamic_quantize_function(opset, block), block_dequantize_function(opset, block)])
+    if not any(o.domain == TRT_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(TRT_DOMAIN, 1))
+
+
+def has_dynamic_qdq(model: onnx.ModelProto) -> bool:
+    return any(n.domain == TRT_DOMAIN and n.op_type == DYNAMIC_QUANTIZE for n in model.graph.node)
+
+
+def inline_for_rtx(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the two functions inlined: the standard-op form for a TensorRT parser whose
+    native dynamic quantize does not build this block size (TensorRT-RTX 1.7 builds 16 only)."""
+    from onnx.inliner import inline_selected_functions
+
+    return inline_selected_functions(model, [(TRT_DOMAIN, DYNAMIC_QUANTIZE), (TRT_DOMAIN, BLOCK_DEQUANTIZE)])
+
+
+def reference(x: np.ndarray, block: int) -> np.ndarray:
+    """What the pair computes, in NumPy (float32 in, float32 out): the tests' oracle."""
+    import ml_dtypes
+
+    shape = x.shape
+    groups = x.astype(np.float32).reshape(*shape[:-1], shape[-1] // block, block)
+    scale = np.maximum(np.abs(groups).max(-1, keepdims=True), np.float32(_TINY)) / np.float32(E4M3_MAX)
+    codes = np.clip(groups / scale, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return (codes.astype(np.float32) * scale).reshape(shape)
+
+
+__all__ = ["ACTIVATION_BLOCK", "BLOCK_DEQUANTIZE", "DYNAMIC_QUANTIZE", "TRT_DOMAIN", "add_functions", "block_for",
+           "block_shape", "dynamic_qdq_nodes", "has_dynamic_qdq", "inline_for_rtx", "reference"]
