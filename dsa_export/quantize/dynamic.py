@@ -172,12 +172,117 @@ def has_dynamic_qdq(model: onnx.ModelProto) -> bool:
     return any(n.domain == TRT_DOMAIN and n.op_type == DYNAMIC_QUANTIZE for n in model.graph.node)
 
 
+def _float_codes_function(opset: int, block: int) -> onnx.FunctionProto:
+    """``TRT_DynamicQuantize`` whose ``y`` holds the e4m3 values as float32: rounding to e4m3
+    (round half to even on 3 mantissa bits, subnormals below 2^-6) computed in float ops.
+
+    The same numbers as the FP8 body, in a form with no FP8 tensor: TensorRT-RTX 1.7 builds the
+    blocked quantize with run-time scales in a small graph, but not in a tiny GLM-5 stage graph
+    with FP8 experts (its Myelin compiler: ``quantize_lowering.cpp:580: CHECK(sym_eql(src_dims,
+    dst_dims))``), and with FP8 weights its FP8 GEMM fusion wants constant activation scales.
+    """
+    nodes = [
+        _node("Shape", ["x"], ["lead"], end=-1),
+        _node("Constant", [], ["tail"], value_ints=[-1, block]),
+        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
+        _node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        _node("Reshape", ["xf", "blocked_shape"], ["blocks"]),
+        _node("Abs", ["blocks"], ["abs_blocks"]),
+        _node("Constant", [], ["axis"], value_ints=[-1]),
+        _node("ReduceMax", ["abs_blocks", "axis"], ["amax"], keepdims=1),
+        _node("Constant", [], ["tiny"], value_float=_TINY),
+        _node("Max", ["amax", "tiny"], ["amax_safe"]),
+        _node("Constant", [], ["qmax"], value_float=E4M3_MAX),
+        _node("Div", ["amax_safe", "qmax"], ["scale_k"]),
+        _node("Div", ["blocks", "scale_k"], ["v"]),
+        _node("Abs", ["v"], ["a_raw"]),
+        _node("Min", ["a_raw", "qmax"], ["a"]),
+        # The binade of a: e = floor(log2 a), corrected by one where the float log lands beside it.
+        _node("Max", ["a", "tiny"], ["a_pos"]),
+        _node("Log", ["a_pos"], ["ln_a"]),
+        _node("Constant", [], ["ln2"], value_float=float(np.log(2.0))),
+        _node("Div", ["ln_a", "ln2"], ["log2_a"]),
+        _node("Floor", ["log2_a"], ["e0"]),
+        _node("Constant", [], ["two"], value_float=2.0),
+        _node("Pow", ["two", "e0"], ["p0"]),
+        _node("Greater", ["p0", "a"], ["too_high"]),
+        _node("Mul", ["p0", "two"], ["p1"]),
+        _node("LessOrEqual", ["p1", "a"], ["too_low"]),
+        _node("Cast", ["too_high"], ["down"], to=TensorProto.FLOAT),
+        _node("Cast", ["too_low"], ["up"], to=TensorProto.FLOAT),
+        _node("Sub", ["e0", "down"], ["e1"]),
+        _node("Add", ["e1", "up"], ["e2"]),
+        _node("Constant", [], ["min_exp"], value_float=-6.0),
+        _node("Max", ["e2", "min_exp"], ["e"]),
+        _node("Constant", [], ["mantissa_bits"], value_float=3.0),
+        _node("Sub", ["e", "mantissa_bits"], ["step_exp"]),
+        _node("Pow", ["two", "step_exp"], ["step"]),
+        _node("Div", ["a", "step"], ["steps"]),
+        _node("Round", ["steps"], ["rounded"]),
+        _node("Mul", ["rounded", "step"], ["magnitude"]),
+        _node("Sign", ["v"], ["sign"]),
+        _node("Mul", ["sign", "magnitude"], ["codes"]),
+        _node("Shape", ["x"], ["full"]),
+        _node("Reshape", ["codes", "full"], ["y"]),
+        _node("Squeeze", ["scale_k", "axis"], ["scale_f"]),
+        _with_ref(_node("Cast", ["scale_f"], ["scale"]), "to", "scale_type", onnx.AttributeProto.INT),
+    ]
+    return helper.make_function(
+        TRT_DOMAIN, DYNAMIC_QUANTIZE, ["x"], ["y", "scale"], nodes, [helper.make_opsetid("", opset)],
+        attributes=["block_shape", "output_type", "scale_type"],
+        doc_string="Dynamic FP8 quantization with the e4m3 values held in float32 (TensorRT-RTX's form).",
+    )
+
+
+def _float_dequantize_function(opset: int, block: int) -> onnx.FunctionProto:
+    nodes = [
+        _node("Shape", ["y"], ["lead"], end=-1),
+        _node("Constant", [], ["tail"], value_ints=[-1, block]),
+        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
+        _node("Reshape", ["y", "blocked_shape"], ["code_blocks"]),
+        _node("Cast", ["scale"], ["scale_f"], to=TensorProto.FLOAT),
+        _node("Constant", [], ["axis"], value_ints=[-1]),
+        _node("Unsqueeze", ["scale_f", "axis"], ["scale_blocks"]),
+        _node("Mul", ["code_blocks", "scale_blocks"], ["blocks"]),
+        _node("Shape", ["y"], ["full"]),
+        _node("Reshape", ["blocks", "full"], ["xf"]),
+        _with_ref(_node("Cast", ["xf"], ["x"]), "to", "output_dtype", onnx.AttributeProto.INT),
+    ]
+    return helper.make_function(
+        TRT_DOMAIN, BLOCK_DEQUANTIZE, ["y", "scale"], ["x"], nodes, [helper.make_opsetid("", opset)],
+        attributes=["block_shape", "output_dtype"],
+        doc_string="Blocked dequantization of e4m3 values held in float32 (TensorRT-RTX's form).",
+    )
+
+
+def float_codes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose two functions hold the e4m3 values in float32 (the same numbers)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    block = next(int(helper.get_attribute_value(a)[-1]) for n in model.graph.node
+                 if n.domain == TRT_DOMAIN and n.op_type == DYNAMIC_QUANTIZE for a in n.attribute
+                 if a.name == "block_shape")
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    keep = [f for f in out.functions if f.domain != TRT_DOMAIN]
+    del out.functions[:]
+    out.functions.extend([*keep, _float_codes_function(opset, block), _float_dequantize_function(opset, block)])
+    for node in out.graph.node:
+        if node.domain == TRT_DOMAIN and node.op_type == DYNAMIC_QUANTIZE:
+            for attr in node.attribute:
+                if attr.name == "output_type":
+                    attr.i = TensorProto.FLOAT
+    return out
+
+
 def inline_for_rtx(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the two functions inlined: the standard-op form for a TensorRT parser whose
-    native dynamic quantize does not build this block size (TensorRT-RTX 1.7 builds 16 only)."""
+    """``model`` as TensorRT-RTX 1.7 builds it: the two functions in their float-codes form
+    (:func:`_float_codes_function`), inlined so that their layers get distinct names. Its native
+    dynamic quantize builds blocks of 16 only ("Dynamic Quantization Op block_size 128 is not
+    supported"); the engine computes the same numbers with float GEMMs."""
     from onnx.inliner import inline_selected_functions
 
-    return inline_selected_functions(model, [(TRT_DOMAIN, DYNAMIC_QUANTIZE), (TRT_DOMAIN, BLOCK_DEQUANTIZE)])
+    return inline_selected_functions(float_codes(model),
+                                     [(TRT_DOMAIN, DYNAMIC_QUANTIZE), (TRT_DOMAIN, BLOCK_DEQUANTIZE)])
 
 
 def reference(x: np.ndarray, block: int) -> np.ndarray:

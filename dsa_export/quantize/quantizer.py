@@ -133,7 +133,11 @@ def resolve_recipe(model: onnx.ModelProto, settings: QuantizeSettings) -> Recipe
     }
     if settings.exclude:
         overrides["exclude"] = recipe.exclude + tuple(settings.exclude)
-    return replace(recipe, **overrides).check()
+    resolved = replace(recipe, **overrides).check()
+    if resolved.precision != "fp8" and (settings.fp8_activations == "dynamic" or settings.fp8_weights == "block"):
+        raise DSAUsageError(f"--fp8-activations dynamic and --fp8-weights block apply to FP8, and this calibration is "
+                            f"{resolved.precision}; add --precision fp8 or drop them.")
+    return resolved
 
 
 def _load_model(path: Path) -> onnx.ModelProto:

@@ -111,19 +111,19 @@ def parse_onnx(path: str | Path) -> ParsedNetwork:
 
     model = onnx.load(str(path), load_external_data=False)
     use_tensorrt_bodies(model)
+    from dsa_export.quantize.dynamic import has_dynamic_qdq, inline_for_rtx
+
+    if has_dynamic_qdq(model):
+        # TensorRT-RTX 1.7 imports trt::TRT_DynamicQuantize natively but builds it only for blocks
+        # of 16 ("Dynamic Quantization Op block_size 128 is not supported"); it gets the functions
+        # with the e4m3 values held in float32 (the same numbers), inlined before the FP8 experts
+        # bodies so that they are not inlined in their FP8 form.
+        model = inline_for_rtx(model)
     if has_fp8_experts(model):
         # Inlined here: two FP8 experts nodes inlined by the parser give layers of the same name.
         from onnx.inliner import inline_local_functions
 
         model = inline_local_functions(model)
-    from dsa_export.quantize.dynamic import has_dynamic_qdq, inline_for_rtx
-
-    if has_dynamic_qdq(model):
-        # TensorRT-RTX 1.7 imports trt::TRT_DynamicQuantize natively but builds it only for blocks
-        # of 16 ("Dynamic Quantization Op block_size 128 is not supported"); the function bodies
-        # (blocked QuantizeLinear with run-time scales) build, inlined so that their layers get
-        # distinct names.
-        model = inline_for_rtx(model)
     with interrupts.native_call():
         parsed = parser.parse(model.SerializeToString(), str(path))
     if not parsed:
