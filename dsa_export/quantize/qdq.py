@@ -31,7 +31,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dsa_export.errors import DSAUserError
 from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED
-from dsa_export.quantize.dynamic import ACTIVATION_BLOCK, add_functions, block_for, dynamic_qdq_nodes
+from dsa_export.quantize.dynamic import (
+    ACTIVATION_BLOCK,
+    add_functions,
+    block_for,
+    dynamic_qdq_nodes,
+)
 from dsa_export.quantize.experts import (
     ExpertsTarget,
     MoEPlacement,
