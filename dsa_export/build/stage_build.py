@@ -14,6 +14,11 @@ on (``links``), the caches they keep and the hashes of their files. It is rewrit
 stage, so an interrupted build resumes: a stage whose ONNX files and build settings are unchanged
 (its ``build_key``) and whose build folder still verifies is kept.
 
+With ``--precision int8|fp8`` every stage is calibrated on what the float stages before it produce
+(:mod:`dsa_export.build.stage_calibration`), and once all are built the quantized stages are run
+chained against the float ones on the held-out calibration files
+(:mod:`dsa_export.build.pipeline_report`, ``DIR/calibration/pipeline_report.json``).
+
 With ``ray`` (an address, or ``auto``), every stage is built by a Ray task on a node with a GPU of
 its own (``num_gpus=1`` when the cluster has GPUs: an engine must be built on the GPU type it runs
 on); the folder must be on a filesystem every node sees at the same path.
@@ -28,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from dsa_export import __version__
 from dsa_export.build.settings import BuildSettings
@@ -36,6 +41,9 @@ from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, Pipeline, read_manifest, read_pipeline, write_manifest
 from dsa_export.trt.profiles import ShapeRange
+
+if TYPE_CHECKING:
+    from dsa_export.build.pipeline_report import PipelineReport
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +147,12 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                  gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
                  max_seq: int = DEFAULT_MAX_SEQ,
                  devices: Sequence[int] | None = None, ray: str | None = None, dtype: str | None = None,
-                 graph: str = "decode", say: Callable[[str], None] = print) -> tuple[Pipeline, list[StageBuildOutcome]]:
+                 graph: str = "decode", say: Callable[[str], None] = print
+                 ) -> tuple[Pipeline, list[StageBuildOutcome], PipelineReport | None]:
     """Export (from an HF directory, ``graph`` decode or paged) and build every stage of ``model``
-    into ``output``."""
+    into ``output``. An int8/fp8 build also returns its whole-pipeline accuracy report
+    (:mod:`dsa_export.build.pipeline_report`; None when no calibration file was held out), written
+    to ``output/calibration/pipeline_report.json``; the caller decides what a failing one means."""
     from dsa_export.build.stages import StageExportSettings, export_stages
     from dsa_export.export.settings import ExportSettings
 
@@ -245,7 +256,13 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
             record(done)
     record(done)
     outcomes.sort(key=lambda o: o.index)
-    return replace(pipeline, stages=entries), outcomes
+    report = None
+    if calibration is not None:  # the quantized stages chained, against the float stages
+        from dsa_export.build.pipeline_report import stage_build_report
+
+        report = stage_build_report(export_folder, output, Path(str(settings.calibration_data)), calibration[0].parent,
+                                    entries, kept=all(o.status == "kept" for o in outcomes), say=say)
+    return replace(pipeline, stages=entries), outcomes, report
 
 
 def _calibration_feeds(export_folder: Path, exported, settings: BuildSettings, output: Path,

@@ -136,12 +136,22 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
     dtype = settings.precision if settings.precision in ("fp32", "fp16", "bf16") else (
         "fp32" if settings.precision in ("int8", "fp8") else None)
     began = time.perf_counter()
-    pipeline, outcomes = build_stages(model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus,
-                                      max_batch=max_batch, max_seq=max_seq, devices=device_list, ray=ray_address,
-                                      dtype=dtype,
-                                      graph=graph or "decode", say=lambda line: click.echo(line, file=user_stderr()))
+    pipeline, outcomes, report = build_stages(
+        model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
+        max_seq=max_seq, devices=device_list, ray=ray_address, dtype=dtype, graph=graph or "decode",
+        say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "
         f"{output / 'pipeline.json'}.", as_json)
+    if report is not None:
+        say(report.table(), as_json)
     emit_report({"output": str(output), "seconds": round(seconds, 2), "stages": [vars(o) for o in outcomes],
-                 "pipeline": pipeline.to_dict()}, as_json, json_out)
+                 "pipeline": pipeline.to_dict(), "pipeline_report": report.to_dict() if report is not None else None},
+                as_json, json_out)
+    if report is not None and not report.passed:
+        # As `calibrate` does with a failing report: everything is written and shown, then exit 1.
+        from dsa_export.build.pipeline_report import REPORT_NAME, failure_sentence
+        from dsa_export.build.stage_calibration import CALIBRATION_DIR
+        from dsa_export.errors import DSAUserError
+
+        raise DSAUserError(failure_sentence(report, output / CALIBRATION_DIR / REPORT_NAME))
