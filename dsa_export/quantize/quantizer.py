@@ -199,13 +199,26 @@ def _generated_eval_inputs(model: onnx.ModelProto, recipe: Recipe, folder: Path)
         return [], []
     names = [s.name for s in input_specs(model)]
     feeds, labels = [], []
-    for i, seq_len in enumerate(ev.seq_lens):
+    seq_lens = _eval_lengths(model, ev.seq_lens)
+    for i, seq_len in enumerate(seq_lens):
         inputs = source.inputs_for(ev.batch, seq_len, ev.seed + i)
         if not set(names) <= set(inputs):
             return [], []
         feeds.append({n: inputs[n].detach().cpu().numpy() for n in names})
         labels.append(f"{spec} batch {ev.batch} seq {seq_len} seed {ev.seed + i}")
     return feeds, labels
+
+
+def _eval_lengths(model: onnx.ModelProto, seq_lens: tuple[int, ...]) -> tuple[int, ...]:
+    """``seq_lens``, plus one a quarter past the indexer's top-k when none exceeds it: below it the
+    indexer selects every key and the top-k overlap is 1 whatever the quantization does."""
+    try:
+        topk = int(json.loads(_metadata(model).get(META_CONFIG, "{}")).get("index_topk") or 0)
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        topk = 0
+    if topk and max(seq_lens, default=0) <= topk:
+        return (*seq_lens, topk + max(16, topk // 4))
+    return tuple(seq_lens)
 
 
 def indexer_scale_table(placement: Placement, amax: dict[str, float]) -> dict[str, dict]:

@@ -126,3 +126,19 @@ def test_recipes_match_by_reference_or_model_type_and_reject_unknown_fields(tmp_
         load_recipe(bad)
     assert find_recipe("builtin:tiny-moe", None).name == "tiny"
     assert find_recipe(None, "deepseek_v32").experts_mode == "fp8" and DEFAULTS.experts_mode == "int8"
+
+
+def test_held_out_lengths_pass_the_indexer_top_k():
+    """Held-out inputs generated for the report get a length past the indexer's top-k when none
+    has one (below it every key is selected and the top-k overlap is 1 whatever happens)."""
+    import json
+
+    import onnx
+
+    from dsa_export.quantize.quantizer import META_CONFIG, _eval_lengths
+
+    model = onnx.ModelProto()
+    assert _eval_lengths(model, (48, 96)) == (48, 96)  # no config recorded
+    model.metadata_props.add(key=META_CONFIG, value=json.dumps({"index_topk": 256}))
+    assert _eval_lengths(model, (48, 96, 160)) == (48, 96, 160, 320)
+    assert _eval_lengths(model, (48, 400)) == (48, 400)
