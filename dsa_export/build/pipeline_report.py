@@ -242,15 +242,18 @@ class PipelineReport:
                  "before it")
         lines = [
             title,
-            f"{'measure':<34} {'value':>10} {'pass mark':>10}  result",
-            f"{'logits cosine (prefill)':<34} {lg.cosine:>10.5f} {f'>= {t.cosine:g}':>10}  {verdict(lg.cosine >= t.cosine)}",
-            f"{'logits SQNR dB (prefill)':<34} {lg.sqnr_db:>10.2f} {f'>= {t.sqnr_db:g}':>10}  {verdict(lg.sqnr_db >= t.sqnr_db)}",
-            f"{greedy:<34} {g.agreement:>10.4f} {f'>= {t.greedy_agreement:g}':>10}  {verdict(g.passed)}",
+            f"{'measure':<40} {'value':>10} {'pass mark':>10}  result",
+            f"{'logits cosine (prefill)':<40} {lg.cosine:>10.5f} {f'>= {t.cosine:g}':>10}  {verdict(lg.cosine >= t.cosine)}",
+            f"{'logits SQNR dB (prefill)':<40} {lg.sqnr_db:>10.2f} {f'>= {t.sqnr_db:g}':>10}  {verdict(lg.sqnr_db >= t.sqnr_db)}",
+            f"{greedy:<40} {g.agreement:>10.4f} {f'>= {t.greedy_agreement:g}':>10}  {verdict(g.passed)}",
         ]
         if g.first_divergence is None:
-            lines.append(f"  free-running greedy decoding follows the float tokens for all {g.tokens} tokens of every row")
+            lines.append(f"  free-running greedy decoding follows the float tokens for all {steps} tokens of every row")
         else:
-            lines.append(f"  free-running greedy decoding first leaves the float tokens at token {g.first_divergence}")
+            where = next(f"{sample.input} row {row}" for sample in g.samples
+                         for row, first in enumerate(sample.first_divergence) if first == g.first_divergence)
+            lines.append(f"  free-running greedy decoding first leaves the float tokens at token {g.first_divergence} "
+                         f"({where})")
         if self.topk:
             lines.append(f"{'DSA layer (stage, indexer node)':<42} {'top-k overlap':>13} {'worst row':>10} "
                          f"{'rows':>6}  result")
