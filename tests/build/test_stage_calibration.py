@@ -34,7 +34,9 @@ def calibration_data(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("kind", "graph", "precision"), [("deepseek_v32", "decode", "int8"),
-                                                          ("glm_moe_dsa", "paged", "fp8")])
+                                                          ("glm_moe_dsa", "paged", "fp8"),
+                                                          ("deepseek_v32", "paged", "fp8"),
+                                                          ("glm_moe_dsa", "decode", "int8")])
 def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_data, kind, graph, precision, caplog):
     import onnx
 
