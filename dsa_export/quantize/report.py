@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, MOE_EXPERTS, MOE_EXPERTS_FP8
+from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED, MOE_EXPERTS, MOE_EXPERTS_FP8
 
 
 @dataclass(frozen=True)
@@ -182,11 +182,12 @@ def experts_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
 
 def indexer_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(node name, output name) of every DSAIndexerTopK node, in graph order."""
+    """(node name, output name) of every indexer node (DSAIndexerTopK, and the paged graphs'
+    DSAIndexerTopKPaged, whose selections are logical token positions too), in graph order."""
     return [
         (node.name or f"{node.op_type}_{i}", node.output[0])
         for i, node in enumerate(model.graph.node)
-        if node.domain == DOMAIN and node.op_type == INDEXER_TOPK.name
+        if node.domain == DOMAIN and node.op_type in (INDEXER_TOPK.name, INDEXER_TOPK_PAGED.name)
     ]
 
 

@@ -57,6 +57,7 @@ def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_
                        "calibration; give more --calibration-data files than the recipe's samples.")]
     pipeline = read_pipeline(out)
     assert [s.build for s in pipeline.stages] == ["stage_00", "stage_01"]
+    overlaps = []
     for stage in pipeline.stages:
         manifest = json.loads((out / stage.build / "manifest.json").read_text())
         assert manifest["precision"] == precision and manifest["calibration"]["samples"] == 6
@@ -65,6 +66,9 @@ def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_
         # GLM-5's recipe scales FP8 activations per token at run time (calibration/glm-5.json).
         quantize = "TRT_DynamicQuantize" if precision == "fp8" else "QuantizeLinear"
         assert ops[quantize] > 0, (stage.index, ops)
+        report = json.loads((out / stage.build / manifest["calibration"]["report"]).read_text())
+        overlaps.extend(t["overlap"] for t in report["topk"])  # paged indexers are measured too
+    assert overlaps and all(0.5 < o <= 1.0 for o in overlaps), overlaps
 
     # Stage 1 was calibrated on stage 0's float outputs for the same tokens.
     feeds = sorted((out / "calibration").glob("*/stage_01/*.npz"))
