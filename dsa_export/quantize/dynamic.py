@@ -69,6 +69,26 @@ def _node(op: str, inputs: list[str], outputs: list[str], **attrs) -> onnx.NodeP
     return helper.make_node(op, inputs, outputs, **attrs)
 
 
+def _block_scale_nodes(block: int, keepdims: int, scale: str) -> list[onnx.NodeProto]:
+    """Nodes of a function body giving ``xf`` (``x`` as float32), ``blocks`` (``[..., C/block, block]``),
+    ``qmax`` and ``scale`` = max(block amax, 2^-126) / 448 (``[..., C/block]``, or ``[..., C/block, 1]``
+    with ``keepdims``)."""
+    return [
+        _node("Shape", ["x"], ["lead"], end=-1),
+        _node("Constant", [], ["tail"], value_ints=[-1, block]),
+        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
+        _node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        _node("Reshape", ["xf", "blocked_shape"], ["blocks"]),
+        _node("Abs", ["blocks"], ["abs_blocks"]),
+        _node("Constant", [], ["axis"], value_ints=[-1]),
+        _node("ReduceMax", ["abs_blocks", "axis"], ["amax"], keepdims=keepdims),
+        _node("Constant", [], ["tiny"], value_float=_TINY),
+        _node("Max", ["amax", "tiny"], ["amax_safe"]),
+        _node("Constant", [], ["qmax"], value_float=E4M3_MAX),
+        _node("Div", ["amax_safe", "qmax"], [scale]),
+    ]
+
+
 def dynamic_quantize_function(opset: int, block: int) -> onnx.FunctionProto:
     """``TRT_DynamicQuantize(x) -> (y, scale)``: ``block`` channels per scale along the last axis,
     symmetric, FP8 e4m3.
@@ -80,18 +100,7 @@ def dynamic_quantize_function(opset: int, block: int) -> onnx.FunctionProto:
     the nodes' ``block_shape`` carries the same number (:func:`dynamic_qdq_nodes`).
     """
     nodes = [
-        _node("Shape", ["x"], ["lead"], end=-1),
-        _node("Constant", [], ["tail"], value_ints=[-1, block]),
-        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
-        _node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-        _node("Reshape", ["xf", "blocked_shape"], ["blocks"]),
-        _node("Abs", ["blocks"], ["abs_blocks"]),
-        _node("Constant", [], ["axis"], value_ints=[-1]),
-        _node("ReduceMax", ["abs_blocks", "axis"], ["amax"], keepdims=0),
-        _node("Constant", [], ["tiny"], value_float=_TINY),
-        _node("Max", ["amax", "tiny"], ["amax_safe"]),
-        _node("Constant", [], ["qmax"], value_float=E4M3_MAX),
-        _node("Div", ["amax_safe", "qmax"], ["scale_f"]),
+        *_block_scale_nodes(block, keepdims=0, scale="scale_f"),
         _with_ref(_node("QuantizeLinear", ["xf", "scale_f"], ["y"], axis=-1, block_size=block), "output_dtype",
                   "output_type", onnx.AttributeProto.INT),
         _with_ref(_node("Cast", ["scale_f"], ["scale"]), "to", "scale_type", onnx.AttributeProto.INT),
@@ -182,18 +191,7 @@ def _float_codes_function(opset: int, block: int) -> onnx.FunctionProto:
     dst_dims))``), and with FP8 weights its FP8 GEMM fusion wants constant activation scales.
     """
     nodes = [
-        _node("Shape", ["x"], ["lead"], end=-1),
-        _node("Constant", [], ["tail"], value_ints=[-1, block]),
-        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
-        _node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-        _node("Reshape", ["xf", "blocked_shape"], ["blocks"]),
-        _node("Abs", ["blocks"], ["abs_blocks"]),
-        _node("Constant", [], ["axis"], value_ints=[-1]),
-        _node("ReduceMax", ["abs_blocks", "axis"], ["amax"], keepdims=1),
-        _node("Constant", [], ["tiny"], value_float=_TINY),
-        _node("Max", ["amax", "tiny"], ["amax_safe"]),
-        _node("Constant", [], ["qmax"], value_float=E4M3_MAX),
-        _node("Div", ["amax_safe", "qmax"], ["scale_k"]),
+        *_block_scale_nodes(block, keepdims=1, scale="scale_k"),
         _node("Div", ["blocks", "scale_k"], ["v"]),
         _node("Abs", ["v"], ["a_raw"]),
         _node("Min", ["a_raw", "qmax"], ["a"]),
