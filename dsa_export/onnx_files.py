@@ -11,7 +11,7 @@ from dsa_export.errors import DSAUserError
 def load_graph(path: str | os.PathLike[str], what: str = "an exported .onnx file"):
     """The ModelProto of ``path`` without its external data, or a one-sentence user error; a file
     whose external data lies outside its folder, or past the end of a data file, is refused here
-    (:func:`dsa_export.manifest.check_external_data`)."""
+    (:func:`dsa_export.integrity.check_external_data`)."""
     import onnx
 
     path = Path(path)
@@ -25,7 +25,7 @@ def load_graph(path: str | os.PathLike[str], what: str = "an exported .onnx file
         raise DSAUserError(f"'{path}' is not a readable ONNX file ({type(exc).__name__}); pass {what}.") from exc
     if not model.graph.node and not model.graph.input:
         raise DSAUserError(f"'{path}' holds no ONNX graph; pass {what}.")
-    from dsa_export.manifest import check_external_data
+    from dsa_export.integrity import check_external_data
 
     # inspect reads no weights: a missing data file is left to whoever reads them.
     check_external_data(path, model, missing_ok=True)

@@ -50,7 +50,7 @@ def graph_facts(model_path: Path) -> dict:
     from the .onnx files of MODEL (external data not loaded)."""
     import onnx
 
-    from dsa_export.manifest import PIPELINE_NAME, read_pipeline
+    from dsa_export.pipeline_record import PIPELINE_NAME, read_pipeline
     from dsa_export.runtime.memory import weight_bytes
 
     if model_path.is_dir() and (model_path / PIPELINE_NAME).is_file():

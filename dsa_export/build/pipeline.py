@@ -44,6 +44,7 @@ from dsa_export.fileio import (
     remove_created,
     sha256_file,
 )
+from dsa_export.integrity import remember_hashes
 from dsa_export.manifest import (
     CALIBRATION_CACHE_NAME,
     CALIBRATION_REPORT_NAME,
@@ -54,10 +55,9 @@ from dsa_export.manifest import (
     QDQ_NAME,
     SCHEMA_VERSION,
     TIMING_CACHE_NAME,
-    VALIDATION_NAME,
     TensorSpec,
+    VALIDATION_NAME,
     io_specs,
-    remember_hashes,
     write_manifest,
 )
 
@@ -245,7 +245,7 @@ def preflight(settings: BuildSettings) -> Any:
             check_targets(s.rtx_targets)
     source = None
     if s.model_is_onnx:
-        from dsa_export.manifest import verify_recorded_onnx
+        from dsa_export.pipeline_record import verify_recorded_onnx
 
         dims = _onnx_dims(_load_onnx(Path(str(s.model))))
         verify_recorded_onnx(Path(str(s.model)))
@@ -356,7 +356,7 @@ class _Pipeline:
                 src = Path(str(s.model))
                 if not src.is_file():
                     raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
-                from dsa_export.manifest import verify_recorded_onnx
+                from dsa_export.pipeline_record import verify_recorded_onnx
 
                 verify_recorded_onnx(src)
                 # Calibration loads the weights with onnx.load, which refuses a data file with
@@ -673,7 +673,7 @@ def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
     """``{relative path: {"size", "sha256"}}`` of every file of the build (not manifest.json); a
     file whose digest the folder's cache holds (external data linked from a verified export) is
     not hashed again."""
-    from dsa_export.manifest import known_digest
+    from dsa_export.integrity import known_digest
 
     records = {}
     for path in sorted(folder.rglob("*")):
@@ -689,7 +689,8 @@ def _link_external_data(src: Path, work: Path, *, copy: bool = False) -> list[st
     records: hard links when the folders share a filesystem (a stage's weights are not copied),
     else (or with ``copy``) copies. Digests known from the export's record go into the build
     folder's cache."""
-    from dsa_export.manifest import confined, external_data_files, recorded_digests, remember_hashes
+    from dsa_export.integrity import confined, external_data_files, remember_hashes
+    from dsa_export.pipeline_record import recorded_digests
 
     locations = external_data_files(src)
     digests = recorded_digests(src) if locations else {}

@@ -46,7 +46,8 @@ from typing import Any
 import numpy as np
 
 from dsa_export.errors import DSAUserError
-from dsa_export.manifest import Pipeline, StageFiles, read_manifest, read_pipeline
+from dsa_export.manifest import read_manifest
+from dsa_export.pipeline_record import Pipeline, StageFiles, read_pipeline
 from dsa_export.quantize.report import (
     Thresholds,
     cosine,

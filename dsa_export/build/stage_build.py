@@ -39,7 +39,8 @@ from dsa_export import __version__
 from dsa_export.build.settings import BuildSettings
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.hf.plan import DEFAULT_MAX_SEQ
-from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, Pipeline, read_manifest, read_pipeline, write_manifest
+from dsa_export.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from dsa_export.pipeline_record import PIPELINE_NAME, Pipeline, read_pipeline
 from dsa_export.trt.profiles import ShapeRange
 
 if TYPE_CHECKING:

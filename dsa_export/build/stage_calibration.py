@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from dsa_export.errors import DSAUserError
-from dsa_export.manifest import Pipeline, TensorSpec
+from dsa_export.manifest import TensorSpec
+from dsa_export.pipeline_record import Pipeline
 from dsa_export.runtime.generate import read_input_ids
 
 #: Where a stage build keeps its stages' calibration feeds (one folder per data digest).

@@ -26,17 +26,9 @@ from dsa_export.errors import DSAUserError
 from dsa_export.export.settings import ExportSettings
 from dsa_export.fileio import make_parents, sha256_file
 from dsa_export.hf.plan import DEFAULT_MAX_SEQ
-from dsa_export.manifest import (
-    ONNX_NAME,
-    PIPELINE_NAME,
-    Pipeline,
-    StageFiles,
-    StageLink,
-    TensorSpec,
-    read_pipeline,
-    remember_hashes,
-    write_manifest,
-)
+from dsa_export.integrity import remember_hashes
+from dsa_export.manifest import ONNX_NAME, TensorSpec, write_manifest
+from dsa_export.pipeline_record import PIPELINE_NAME, Pipeline, StageFiles, StageLink, read_pipeline
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         raise DSAUsageError("--cache writes INT8 scales for TensorRT 10; drop it or use --precision int8.")
     import onnxruntime
 
-    from dsa_export.manifest import verify_recorded_onnx
+    from dsa_export.pipeline_record import verify_recorded_onnx
     from dsa_export.quiet import quiet_onnxruntime
 
     quiet_onnxruntime(onnxruntime)

@@ -145,11 +145,11 @@ def shard_name(folder: Path, name: str, what: str) -> str:
 
     ``what`` names where the name was read. Absolute paths, paths that leave ``folder`` through
     ``..`` and symbolic links that resolve outside it are refused (by
-    :func:`dsa_export.manifest.confined`), except the links of a Hugging Face hub cache snapshot
+    :func:`dsa_export.integrity.confined`), except the links of a Hugging Face hub cache snapshot
     (``models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/HASH``), which stay inside that
     model's own cache.
     """
-    from dsa_export.manifest import confined
+    from dsa_export.integrity import confined
 
     fix = _REDOWNLOAD_INDEX if what.startswith("field ") else "remove it or re-download the checkpoint"
     try:

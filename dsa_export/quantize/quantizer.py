@@ -146,7 +146,7 @@ def _load_model(path: Path) -> onnx.ModelProto:
     register_schemas()
     if not path.is_file():
         raise DSAUserError(f"'{path}' does not exist; pass an exported .onnx file.")
-    from dsa_export.manifest import check_external_data
+    from dsa_export.integrity import check_external_data
 
     try:
         check_external_data(path, remedy="export the model again")

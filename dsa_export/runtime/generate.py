@@ -296,13 +296,14 @@ def recorded_checkpoint(path: str | Path) -> Path | None:
     """The Hugging Face directory a pipeline folder, build folder or .onnx records it was made from,
     whether or not it is still there (None when it records none)."""
     from dsa_export.export.exporter import META_SPEC
-    from dsa_export.manifest import MANIFEST_NAME, PIPELINE_NAME, read_manifest
+    from dsa_export.manifest import MANIFEST_NAME, read_manifest
+    from dsa_export.pipeline_record import PIPELINE_NAME
     from dsa_export.model_ref import ModelReference, from_metadata
 
     path = Path(path)
     reference = None
     if path.is_dir() and (path / PIPELINE_NAME).is_file():
-        from dsa_export.manifest import read_pipeline
+        from dsa_export.pipeline_record import read_pipeline
 
         record = read_pipeline(path).model
         if record:

@@ -20,7 +20,8 @@ from typing import Any
 
 from dsa_export import interrupts, quiet
 from dsa_export.errors import DSAUserError
-from dsa_export.manifest import ORT_DIR, ORT_PROVIDER_OPTIONS, ORT_SESSION_NAME, REBUILD, Manifest, TensorSpec
+from dsa_export.integrity import REBUILD
+from dsa_export.manifest import Manifest, ORT_DIR, ORT_PROVIDER_OPTIONS, ORT_SESSION_NAME, TensorSpec
 from dsa_export.runtime.session import Session
 
 #: Session options a session.json may set, and a check of each value.
@@ -138,11 +139,11 @@ def data_folder(path: str | Path) -> Path:
 def _check_external_data(path: str | Path, model_bytes: bytes | None, remedy: str) -> None:
     """Before ONNX Runtime opens ``path`` (or ``model_bytes``, whose external data is read beside
     ``path``): every external data location lies inside that folder and every tensor's bytes lie
-    within its data file (:func:`dsa_export.manifest.check_external_data`). ONNX Runtime refuses
+    within its data file (:func:`dsa_export.integrity.check_external_data`). ONNX Runtime refuses
     locations out of the folder itself only from 1.32 on; this holds for every supported version."""
     import onnx
 
-    from dsa_export.manifest import check_external_data
+    from dsa_export.integrity import check_external_data
 
     try:
         model = (onnx.load_from_string(model_bytes) if model_bytes is not None
@@ -398,7 +399,7 @@ class ArtifactSession:
         if picked is None:
             wanted = ", ".join(c["providers"][0][0] for c in chains)
             raise DSAUserError(f"this ONNX Runtime has none of the providers {wanted} (it has {', '.join(sorted(available))}).")
-        from dsa_export.manifest import confined
+        from dsa_export.integrity import confined
 
         model = confined(manifest.folder, manifest.relative(session_file.parent / picked["model"]),
                          f"{session_file} field chains.{picked['name']}.model ('{picked['model']}')")
@@ -456,6 +457,6 @@ def _with_plugin_library(chain: dict[str, Any], library: str | None, folder: Pat
 
 
 def _inside(folder: Path, relative: str) -> Path:
-    from dsa_export.manifest import confined
+    from dsa_export.integrity import confined
 
     return confined(folder, relative, "the TensorRT engine cache path in session.json")

@@ -1,6 +1,6 @@
 """Run a model cut into pipeline stages: :class:`PipelineSession`.
 
-A pipeline folder holds ``pipeline.json`` (:class:`dsa_export.manifest.Pipeline`): the stages in
+A pipeline folder holds ``pipeline.json`` (:class:`dsa_export.pipeline_record.Pipeline`): the stages in
 order, what each hands to the next (``links``: ``hidden_states_out`` -> ``hidden_states``, GLM-5's
 ``topk_indices`` -> ``prev_topk_indices``) and, in a stage build, each stage's build folder and GPU.
 Every stage is opened like one model (:func:`dsa_export.runtime.load`): its engine on its own GPU
@@ -38,7 +38,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.manifest import Pipeline, StageFiles, TensorSpec, check_feeds, read_pipeline
+from dsa_export.manifest import TensorSpec, check_feeds
+from dsa_export.pipeline_record import Pipeline, StageFiles, read_pipeline
 from dsa_export.runtime.paged import (
     PAST,
     PRESENT,
@@ -480,7 +481,7 @@ def _check_device(what: str, device: int, *, required: bool) -> None:
 
 
 def is_pipeline(path: str | Path) -> bool:
-    from dsa_export.manifest import PIPELINE_NAME
+    from dsa_export.pipeline_record import PIPELINE_NAME
 
     path = Path(path)
     return (path / PIPELINE_NAME).is_file() if path.is_dir() else path.name == PIPELINE_NAME

@@ -57,7 +57,7 @@ class _StageActor:
     """The body of a stage's actor (made a Ray actor class by :func:`_actor_class`)."""
 
     def __init__(self, folder: str, stage: dict, links: list, runtime: str, verify: bool, threads: int | None):
-        from dsa_export.manifest import StageFiles
+        from dsa_export.pipeline_record import StageFiles
         from dsa_export.runtime.pipeline import InLink, LocalStage, _where, open_stage
 
         files = StageFiles.from_dict(stage)
@@ -148,7 +148,7 @@ class RayStage:
 def open_on_ray(folder: str | Path, address: str = "auto", runtime: str = "auto", *, verify: bool = True,
                 threads: int | None = None, timeout: float | None = 600.0, num_cpus: int | None = None):
     """Open every stage of ``folder`` in its own Ray actor; returns a PipelineSession."""
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
     from dsa_export.runtime.pipeline import PipelineSession, stage_inputs
 
     folder = Path(folder).resolve()

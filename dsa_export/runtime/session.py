@@ -21,14 +21,14 @@ from dsa_export.errors import DSAUsageError, DSAUserError, as_user_error
 from dsa_export.manifest import (
     ENGINE_NAME,
     MANIFEST_NAME,
-    ORT_DIR,
     Manifest,
+    ORT_DIR,
     TensorSpec,
     check_feeds,
     make_inputs,
     read_manifest,
-    verify_recorded_onnx,
 )
+from dsa_export.pipeline_record import verify_recorded_onnx
 
 RUNTIME_CHOICES = ("auto", "engine", "onnxruntime")
 
@@ -151,7 +151,7 @@ def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify
         raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
     from dsa_export.runtime import onnxrt
 
-    from dsa_export.manifest import PIPELINE_NAME
+    from dsa_export.pipeline_record import PIPELINE_NAME
 
     if path.is_dir() and (path / PIPELINE_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
         from dsa_export.runtime.pipeline import PipelineSession

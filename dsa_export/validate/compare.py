@@ -330,7 +330,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
                 "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
             )
 
-    from dsa_export.manifest import check_feeds, io_specs, verify_recorded_onnx
+    from dsa_export.manifest import check_feeds, io_specs
+    from dsa_export.pipeline_record import verify_recorded_onnx
     from dsa_export.runtime.memory import dims_of, estimate, require_fits
 
     verify_recorded_onnx(path, enabled=settings.verify)

@@ -100,7 +100,7 @@ def _held_out(build):
 def _indexer_nodes(folder):
     import onnx
 
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
 
     count = 0
     for stage in read_pipeline(folder).stages:
@@ -111,7 +111,7 @@ def _indexer_nodes(folder):
 
 def test_the_build_writes_the_pipeline_report(build):
     from dsa_export.build.pipeline_report import GREEDY_AGREEMENT
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
 
     out, result = build["out"], build["result"]
     report = _report(build)
@@ -216,7 +216,7 @@ def _break_stage(stage_folder, weight):
 def test_a_broken_stage_fails_the_report_and_the_build(decode_build, tmp_path):
     """A sign-flipped attention output of the first layer in the kept stage 0: the resumed build
     computes the report (none is there), which fails, and exits 1 with the files kept."""
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
 
     out = decode_build["out"]
     stage = out / "stage_00"

@@ -40,7 +40,7 @@ def calibration_data(tmp_path_factory):
 def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_data, kind, graph, precision, caplog):
     import onnx
 
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
     from dsa_export.runtime import load
     from tests.hf.conftest import make_checkpoint
 
@@ -101,7 +101,7 @@ def test_quantized_stage_builds_need_token_ids(tmp_path):
 def test_an_fp8_checkpoint_is_calibrated_not_taken_as_calibrated(tmp_path, calibration_data):
     """An FP8 checkpoint's weights are DequantizeLinear nodes, not a calibration: its int8 stage
     build exports the weights dequantized, calibrates every stage and quantizes them again."""
-    from dsa_export.manifest import read_pipeline
+    from dsa_export.pipeline_record import read_pipeline
     from tests.hf.conftest import make_checkpoint, make_fp8_checkpoint
 
     fp8, _weights = make_fp8_checkpoint(tmp_path, make_checkpoint(tmp_path, "deepseek_v32", layers=2, index_topk=8))

@@ -61,7 +61,7 @@ def _tamper_keeping_size_and_mtime(path: Path, offset: int) -> None:
 
 
 def _forge_cache(build: Path, relative: str, digest: str, **extra) -> None:
-    from dsa_export.manifest import VERIFY_CACHE_NAME, _cache_key
+    from dsa_export.integrity import VERIFY_CACHE_NAME, _cache_key
 
     cache_file = build / VERIFY_CACHE_NAME
     cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
@@ -74,7 +74,8 @@ def test_a_forged_hash_cache_does_not_pass_a_tampered_file(demo_build, tmp_path,
     """The attacker edits a file of the build (same size, mtime put back) and writes
     ``.verified.json`` with the new stat key and the recorded sha256: unsigned, wrongly signed, or
     with a signature lifted from a genuine entry of the same user."""
-    from dsa_export.manifest import VERIFY_CACHE_NAME, read_manifest, remember_hashes
+    from dsa_export.integrity import VERIFY_CACHE_NAME, remember_hashes
+    from dsa_export.manifest import read_manifest
 
     build = tmp_path / "b"
     shutil.copytree(demo_build[0].output, build)
@@ -98,7 +99,7 @@ def test_a_forged_hash_cache_does_not_pass_a_tampered_file(demo_build, tmp_path,
 def test_the_builds_signed_cache_saves_the_hash_and_nothing_else_does(tmp_path, cache_home, monkeypatch):
     import dsa_export.fileio as fileio
     from dsa_export.fileio import file_record
-    from dsa_export.manifest import CACHE_SECRET_NAME, known_digest, remember_hashes, user_cache_file, verify_files
+    from dsa_export.integrity import CACHE_SECRET_NAME, known_digest, remember_hashes, user_cache_file, verify_files
 
     folder = tmp_path / "f"
     folder.mkdir()
@@ -191,7 +192,7 @@ def bad_models(tmp_path_factory):
 
 
 def test_external_data_inside_its_folder_runs(tmp_path):
-    from dsa_export.manifest import check_external_data
+    from dsa_export.integrity import check_external_data
     from dsa_export.runtime import load
 
     path = _external_model(tmp_path / "good", "data/weights.bin", offset=4, length=16)

@@ -142,7 +142,7 @@ def test_the_tensorrt_ep_library_must_match_the_manifest(demo_build, tmp_path, m
 
 
 def test_paths_recorded_in_a_folder_stay_inside_it(tmp_path):
-    from dsa_export.manifest import confined
+    from dsa_export.integrity import confined
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "f").write_text("x")
@@ -183,7 +183,7 @@ def test_verification_hashes_once_and_refuses_changes(demo_build, tmp_path, monk
 
 def test_a_stage_of_a_pipeline_is_verified_like_a_build(tmp_path):
     from dsa_export.fileio import file_record, sha256_file
-    from dsa_export.manifest import StageFiles, verify_recorded_onnx
+    from dsa_export.pipeline_record import StageFiles, verify_recorded_onnx
 
     folder = tmp_path / "stages"
     (folder / "stage_00").mkdir(parents=True)

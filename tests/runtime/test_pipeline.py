@@ -260,7 +260,7 @@ class _Sleeper:
 
 
 def _sleeper_pipeline(seconds: float) -> PipelineSession:
-    from dsa_export.manifest import Pipeline, StageFiles, StageLink
+    from dsa_export.pipeline_record import Pipeline, StageFiles, StageLink
 
     stages = [_Sleeper(seconds, True), _Sleeper(seconds, False)]
     files = [StageFiles(index=i, layers=(i, i + 1), embed=i == 0, head=i == 1, onnx="", data=None, sha256={}, sizes={},
