@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from dsa_export.compat.probe import (
+from dsa_export.compat.probe import timed_out
+from dsa_export.compat.records import (
     COMPONENTS,
     DEFAULT_IMPORT_TIMEOUT_S,
     DEFAULT_PROBE_TIMEOUT_S,
     ProbeSettings,
     load_snapshot,
-    timed_out,
 )
 from dsa_export.compat.rules import BACKENDS, PRECISIONS, CheckReport, CheckSettings, run_checks
 from dsa_export.errors import DSAUserError

@@ -7,13 +7,8 @@ not touch CUDA; probing happens only when called.
 
 from dsa_export.compat.engine_gate import EngineRequirements, check_engine, gate_engine
 from dsa_export.compat.matrix import CompatibilityMatrix, MatrixError, load_matrix
-from dsa_export.compat.probe import (
-    ComponentRecord,
-    EnvironmentProbe,
-    GpuRecord,
-    ProbeSettings,
-    probe_environment,
-)
+from dsa_export.compat.probe import probe_environment
+from dsa_export.compat.records import ComponentRecord, EnvironmentProbe, GpuRecord, ProbeSettings
 from dsa_export.compat.rules import (
     BACKENDS,
     PRECISIONS,

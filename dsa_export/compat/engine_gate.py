@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsa_export.compat.probe import (
-    EnvironmentProbe,
-    ProbeSettings,
-    plugin_library_state,
-    probe_environment,
-)
 from dsa_export.compat.findings import Finding
+from dsa_export.compat.probe import plugin_library_state, probe_environment
+from dsa_export.compat.records import EnvironmentProbe, ProbeSettings
 from dsa_export.compat.versions import parse_version
 from dsa_export.errors import DSAUserError
 

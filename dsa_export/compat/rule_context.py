@@ -8,7 +8,7 @@ from typing import Any
 
 from dsa_export.compat.findings import Finding
 from dsa_export.compat.matrix import CompatibilityMatrix
-from dsa_export.compat.probe import EnvironmentProbe, GpuRecord
+from dsa_export.compat.records import EnvironmentProbe, GpuRecord
 from dsa_export.compat.versions import Version, parse_version
 
 # Backends whose builds need a GPU here. TensorRT-RTX builds ahead of time for a chosen compute

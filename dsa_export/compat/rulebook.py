@@ -14,7 +14,7 @@ from typing import Any
 
 from dsa_export.compat.findings import Finding
 from dsa_export.compat.matrix import CompatibilityMatrix
-from dsa_export.compat.probe import COMPONENTS
+from dsa_export.compat.records import COMPONENTS
 from dsa_export.compat.rule_context import (
     GPU_BUILD_BACKENDS,
     Rule,
@@ -30,6 +30,7 @@ from dsa_export.compat.tool_rules import (
     rule_torch,
 )
 from dsa_export.compat.versions import Version, format_version, parse_version, version_matches
+
 
 def _spec_text(spec: str | list[str]) -> str:
     """A spec for a sentence: ``["11", "12.0-12.2"]`` reads "11.x, 12.0-12.2"."""

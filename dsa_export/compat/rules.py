@@ -19,13 +19,8 @@ from typing import Any
 
 from dsa_export.compat.findings import SEVERITIES, Finding
 from dsa_export.compat.matrix import CompatibilityMatrix, load_matrix
-from dsa_export.compat.probe import (
-    COMPONENTS,
-    EnvironmentProbe,
-    GpuRecord,
-    ProbeSettings,
-    probe_environment,
-)
+from dsa_export.compat.probe import probe_environment
+from dsa_export.compat.records import COMPONENTS, EnvironmentProbe, GpuRecord, ProbeSettings
 from dsa_export.compat.rulebook import GPU_BUILD_BACKENDS, RULES, RuleContext
 from dsa_export.compat.versions import parse_version, version_matches
 from dsa_export.errors import DSAUsageError, DSAUserError

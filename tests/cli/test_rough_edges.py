@@ -59,7 +59,8 @@ def _linear_onnx(path: Path, reference: dict | None = None) -> Path:
 def test_a_slow_import_is_waited_for_and_a_timeout_is_not_probed(monkeypatch):
     from dsa_export.cli.check_cmd import render_table
     from dsa_export.compat import probe as probe_module
-    from dsa_export.compat.probe import ComponentRecord, ProbeSettings, probe_environment
+    from dsa_export.compat.probe import probe_environment
+    from dsa_export.compat.records import ComponentRecord, ProbeSettings
     from dsa_export.compat.rules import CheckSettings, run_checks
 
     assert probe_module.DEFAULT_IMPORT_TIMEOUT_S >= 60
@@ -153,7 +154,7 @@ def test_bench_json_is_one_flag_in_help_and_docs_and_the_old_forms_still_parse()
 def test_the_export_stage_prints_its_phases(monkeypatch, tmp_path):
     from dsa_export.build import BuildSettings, build
     from dsa_export.build.pipeline import EXPORT_TIME_NOTE
-    from dsa_export.compat.probe import load_snapshot
+    from dsa_export.compat.records import load_snapshot
 
     def export_model(source, settings, *, step=None):
         step("tracing with torch.export and translating to ONNX")
@@ -333,7 +334,7 @@ def test_calibration_data_of_the_wrong_kind_is_a_usage_error(tmp_path, capsys):
 def test_a_supplied_file_names_its_factory_where_it_is(tmp_path, monkeypatch):
     """The validate stage's note about a file whose reference is a factory names the factory's real path."""
     from dsa_export.build import BuildSettings, build
-    from dsa_export.compat.probe import load_snapshot
+    from dsa_export.compat.records import load_snapshot
 
     model = _linear_onnx(tmp_path / "a" / "m.onnx",
                          {"version": 1, "kind": "factory", "name": "make", "path": "f.py", "relative": True})

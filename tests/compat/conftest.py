@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsa_export.compat.probe import EnvironmentProbe
+from dsa_export.compat.records import EnvironmentProbe
 
 from .helpers import fixture_probe
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dsa_export.compat.probe import EnvironmentProbe
+from dsa_export.compat.records import EnvironmentProbe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_NAMES = sorted(path.stem for path in FIXTURES.glob("*.json"))

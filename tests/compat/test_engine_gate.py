@@ -14,7 +14,7 @@ from dsa_export.compat.engine_gate import (
     read_requirements,
     sniff_engine,
 )
-from dsa_export.compat.probe import EnvironmentProbe
+from dsa_export.compat.records import EnvironmentProbe
 from dsa_export.compat.rules import CheckSettings, run_checks
 from dsa_export.errors import DSAUserError
 

@@ -16,21 +16,26 @@ from pathlib import Path
 import pytest
 
 from dsa_export.compat import probe as probe_module
+from dsa_export.compat import probe_nvidia
 from dsa_export.compat.probe import (
-    COMPONENTS,
     PLUGIN_NOT_BUILT,
+    plugin_library_state,
+    probe_environment,
+    probe_plugin_library,
+)
+from dsa_export.compat.probe_nvidia import (
+    apply_visible_devices,
+    parse_nvcc_version,
+    parse_nvidia_smi_csv,
+    probe_driver_and_gpus,
+)
+from dsa_export.compat.records import (
+    COMPONENTS,
     ComponentRecord,
     EnvironmentProbe,
     GpuRecord,
     ProbeSettings,
-    apply_visible_devices,
     load_snapshot,
-    parse_nvcc_version,
-    parse_nvidia_smi_csv,
-    plugin_library_state,
-    probe_driver_and_gpus,
-    probe_environment,
-    probe_plugin_library,
 )
 from dsa_export.errors import DSAUserError
 from dsa_export.fileio import sha256_file
@@ -74,7 +79,7 @@ def _fake_tool(folder: Path, name: str, script: str) -> Path:
 
 
 def _without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe_module, "_probe_nvml", lambda: "nvidia-ml-py is not installed")
+    monkeypatch.setattr(probe_nvidia, "_probe_nvml", lambda: "nvidia-ml-py is not installed")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
@@ -107,7 +112,7 @@ def test_hung_nvidia_smi_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _fake_tool(tmp_path, "nvidia-smi", "sleep 5\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(
-        probe_module, "_probe_procfs", lambda: "/proc/driver/nvidia/version does not exist"
+        probe_nvidia, "_probe_procfs", lambda: "/proc/driver/nvidia/version does not exist"
     )
     started = time.monotonic()
     record, gpus = probe_driver_and_gpus(ProbeSettings(subprocess_timeout_s=0.3))

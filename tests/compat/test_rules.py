@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dsa_export.compat.probe import ComponentRecord, EnvironmentProbe
+from dsa_export.compat.records import ComponentRecord, EnvironmentProbe
 from dsa_export.compat.rules import (
     CheckSettings,
     manifest_record,
