@@ -15,31 +15,34 @@ sha256 (``files``), which the runtimes verify before they load anything.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsa_export import __version__, interrupts
+from dsa_export.build.backend_plan import BackendPlan, default_precision, plan_backends
+from dsa_export.build.output_folder import (
+    apply_umask,
+    check_library,
+    file_records,
+    install,
+    link_external_data,
+    prepare_output,
+)
 from dsa_export.build.settings import (
     DEFAULT_PRECISION_CPU,
-    DEFAULT_PRECISION_TENSORRT,
     DEFAULT_RANGE,
-    DEFAULT_RTX_TARGETS,
     BuildSettings,
 )
 from dsa_export.errors import DSAUsageError, DSAUserError, trace_errors
 from dsa_export.fileio import (
     atomic_output,
     check_output_path,
-    file_record,
     make_parents,
     remove_created,
     sha256_file,
@@ -55,8 +58,8 @@ from dsa_export.manifest import (
     QDQ_NAME,
     SCHEMA_VERSION,
     TIMING_CACHE_NAME,
-    TensorSpec,
     VALIDATION_NAME,
+    TensorSpec,
     io_specs,
     write_manifest,
 )
@@ -75,19 +78,6 @@ class StageRecord:
     detail: str
 
 
-@dataclass
-class BackendPlan:
-    """Which artifacts this build makes, and why."""
-
-    engine: str | None  # "tensorrt" | "tensorrt-rtx" | None
-    onnxruntime: bool
-    reason: str
-    rtx_targets: tuple[str, ...] = ()
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def backends(self) -> list[str]:
-        return [b for b in (self.engine, "onnxruntime" if self.onnxruntime else None) if b]
 
 
 @dataclass
@@ -113,71 +103,6 @@ def _stderr(line: str) -> None:
 
     print(line, file=user_stderr(), flush=True)
 
-
-# ---------------------------------------------------------------------------------------------
-# Backend choice
-
-
-def _rtx_supported_sms(probe) -> list[str]:
-    from dsa_export.compat.matrix import load_matrix
-
-    row = load_matrix().release_row("tensorrt_rtx", probe.version("tensorrt_rtx"))
-    return [str(sm) for sm in (row or {}).get("sm", [])]
-
-
-def _sm_name(cc: str) -> str:
-    return "SM" + cc.replace(".", "")
-
-
-def plan_backends(settings: BuildSettings, probe) -> BackendPlan:
-    """Resolve ``settings.backend`` against what is installed here; ``auto`` says why it chose."""
-    gpus = probe.gpus
-    gpu = gpus[settings.device] if settings.device < len(gpus) else None
-    trt = probe.component("tensorrt")
-    rtx = probe.component("tensorrt_rtx")
-    rtx_note = "TensorRT-RTX loads no plugins, so the dsa nodes run as their ONNX function bodies"
-
-    def rtx_targets() -> tuple[tuple[str, ...], str]:
-        if settings.rtx_targets:
-            return tuple(settings.rtx_targets), "the compute capabilities asked for"
-        if gpu is not None and gpu.compute_capability:
-            if gpu.compute_capability in _rtx_supported_sms(probe):
-                return (_sm_name(gpu.compute_capability),), f"GPU {gpu.index} ({gpu.name})"
-            return (), f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) is not supported by TensorRT-RTX"
-        return DEFAULT_RTX_TARGETS, "no GPU is visible, so it is built ahead of time for the default target"
-
-    if settings.backend == "tensorrt":
-        return BackendPlan("tensorrt", False, "asked for with --backend tensorrt")
-    if settings.backend == "onnxruntime":
-        return BackendPlan(None, True, "asked for with --backend onnxruntime")
-    if settings.backend == "tensorrt-rtx":
-        targets, why = rtx_targets()
-        if not targets:
-            raise DSAUserError(f"Cannot build for TensorRT-RTX: {why}; pass --rtx-target (e.g. SM89) or use --backend tensorrt.")
-        return BackendPlan("tensorrt-rtx", False, f"asked for with --backend tensorrt-rtx; targets {', '.join(targets)} ({why}); {rtx_note}", targets)
-    # auto
-    if trt.found and gpu is not None:
-        return BackendPlan(
-            "tensorrt", True,
-            f"auto: TensorRT {trt.version} and GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}) "
-            "are present: a TensorRT engine with the DSA plugins and the portable ONNX Runtime artifact",
-        )
-    missing = "TensorRT is not installed" if not trt.found else "no GPU is visible for TensorRT"
-    if rtx.found:
-        targets, why = rtx_targets()
-        if targets:
-            return BackendPlan(
-                "tensorrt-rtx", True,
-                f"auto: {missing} and TensorRT-RTX {rtx.version} is: a TensorRT-RTX engine for {', '.join(targets)} "
-                f"({why}) and the portable ONNX Runtime artifact; {rtx_note}",
-                targets,
-            )
-        return BackendPlan(None, True, f"auto: {missing} and {why}, so only the ONNX Runtime artifact")
-    return BackendPlan(None, True, f"auto: {missing} and TensorRT-RTX is not installed, so only the ONNX Runtime artifact")
-
-
-def default_precision(plan: BackendPlan) -> str:
-    return DEFAULT_PRECISION_TENSORRT if plan.engine == "tensorrt" else DEFAULT_PRECISION_CPU
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +150,7 @@ def preflight(settings: BuildSettings) -> Any:
     the export stage reuses it."""
     s = settings
     if s.plugin_library is not None:
-        _check_library(Path(s.plugin_library))
+        check_library(Path(s.plugin_library))
     if s.backend in ("tensorrt", "onnxruntime") and s.rtx_targets:
         raise DSAUsageError(f"--rtx-target applies to TensorRT-RTX engines, not to --backend {s.backend}; drop it "
                             "or pass --backend tensorrt-rtx.")
@@ -361,7 +286,7 @@ class _Pipeline:
                 verify_recorded_onnx(src)
                 # Calibration loads the weights with onnx.load, which refuses a data file with
                 # several hard links: an int8/fp8 build copies them.
-                linked = _link_external_data(src, self.work, copy=precision in ("int8", "fp8"))
+                linked = link_external_data(src, self.work, copy=precision in ("int8", "fp8"))
                 from dsa_export.export.exporter import relocate_reference
 
                 copied = onnx.load(str(src), load_external_data=False)
@@ -529,7 +454,7 @@ class _Pipeline:
 
         self.stage("engine", engine)
         self.manifest = self._manifest(plan, precision, model, meta, state)
-        self.manifest[FILES_KEY] = _file_records(self.work)
+        self.manifest[FILES_KEY] = file_records(self.work)
         write_manifest(self.manifest, self.work / MANIFEST_NAME)
 
     def _tensorrt_engine(self, onnx_path: Path, precision: str, probe) -> dict[str, Any]:
@@ -669,67 +594,6 @@ class _Pipeline:
         }
 
 
-def _file_records(folder: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"size", "sha256"}}`` of every file of the build (not manifest.json); a
-    file whose digest the folder's cache holds (external data linked from a verified export) is
-    not hashed again."""
-    from dsa_export.integrity import known_digest
-
-    records = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != MANIFEST_NAME and not path.name.startswith("."):
-            relative = path.relative_to(folder).as_posix()
-            digest = known_digest(folder, relative)
-            records[relative] = {"size": path.stat().st_size, "sha256": digest} if digest else file_record(path)
-    return records
-
-
-def _link_external_data(src: Path, work: Path, *, copy: bool = False) -> list[str]:
-    """Put the external data files of ``src`` next to the build's copy, under the names the graph
-    records: hard links when the folders share a filesystem (a stage's weights are not copied),
-    else (or with ``copy``) copies. Digests known from the export's record go into the build
-    folder's cache."""
-    from dsa_export.integrity import confined, external_data_files, remember_hashes
-    from dsa_export.pipeline_record import recorded_digests
-
-    locations = external_data_files(src)
-    digests = recorded_digests(src) if locations else {}
-    known = {}
-    for location in locations:
-        source = confined(src.parent, location, f"the external data location '{location}' in '{src}'")
-        if not source.is_file():
-            raise DSAUserError(f"'{source}', the external data of '{src}', is missing; export the model again.")
-        target = confined(work, location, f"the external data location '{location}' in '{src}'")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        hard_linked = False
-        if not copy:
-            try:
-                os.link(source, target)
-                hard_linked = True
-            except OSError:  # another filesystem, or links not allowed: copy
-                pass
-        if not hard_linked:
-            with atomic_output(target) as tmp:
-                shutil.copyfile(source, tmp)
-        if source.resolve() in digests:
-            known[Path(os.path.relpath(target, work)).as_posix()] = digests[source.resolve()]
-    if known:
-        remember_hashes(work, known)
-    return locations
-
-
-def _check_library(path: Path) -> None:
-    """``--plugins``: an existing shared library (ELF), refused before the first stage."""
-    if path.is_dir():
-        raise DSAUsageError(f"--plugins '{path}' is a folder; pass the plugin library file (libdsa_plugins.so).")
-    if not path.is_file():
-        raise DSAUserError(f"--plugins {path} does not exist; pass the built libdsa_plugins.so.")
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"\x7fELF":
-        raise DSAUserError(f"--plugins {path} is not a shared library (no ELF header); pass the built libdsa_plugins.so.")
-
-
 def _onnx_dims(model) -> set[str]:
     initializers = {i.name for i in model.graph.initializer}
     return {d.dim_param for v in model.graph.input if v.name not in initializers
@@ -748,75 +612,13 @@ def _source_dims(source) -> set[str]:
     return dims
 
 
-#: Hidden siblings a build writes next to OUTDIR (names carry the process id).
-_TEMPORARY_PREFIXES = ("build-", "old-")
-
-
-def _prepare_output(output: Path, force: bool, log: Callable[[str], None]) -> None:
-    if output.exists() and not output.is_dir():
-        raise DSAUsageError(f"-o '{output}' is a file; -o takes a folder to build into.")
-    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST_NAME).is_file() and not force:
-        raise DSAUserError(
-            f"{output} exists, is not empty and holds no previous build; choose another -o or pass --force to replace it."
-        )
-    check_output_path(output, "-o", folder=True)
-    prefixes = tuple(f".{output.name}.{p}" for p in _TEMPORARY_PREFIXES)
-    stale, busy = interrupts.stale_siblings(output.parent, prefixes)
-    if busy:
-        folder, pid = busy[0]
-        raise DSAUserError(f"another build (process {pid}) is writing {output} right now ({folder.name}); wait for it "
-                           "to finish or choose another -o.")
-    for folder in stale:
-        interrupts.remove(folder)
-        log(f"Removed {folder}, left by an earlier build of {output} that was killed.")
-    if output.parent.is_dir():
-        for entry in output.parent.iterdir():  # dsa-export 0.1 named them without a process id
-            if entry.name.startswith(prefixes) and entry.is_dir() and entry not in stale:
-                log(f"Note: {entry} looks like the leftover of an interrupted build of {output}; remove it if no "
-                    "build is running.")
-
-
-def _apply_umask(folder: Path) -> None:
-    """Temporary files and folders are private (0600/0700); give the finished build the usual modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for path in folder.rglob("*"):
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-
-
-def _install(work: Path, output: Path) -> None:
-    """Rename ``work`` onto ``output``, keeping the previous build until the new one is in place.
-    An interrupt during the renames is raised after them, and the previous state is put back."""
-    old: Path | None = None
-    installed = False
-    with contextlib.ExitStack() as stack:
-        try:
-            with interrupts.deferred():
-                if output.exists():
-                    old = Path(tempfile.mkdtemp(prefix=interrupts.tagged_name(f".{output.name}.old-"), dir=output.parent))
-                    stack.enter_context(interrupts.temporary(old))
-                    os.replace(output, old / "previous")
-                os.replace(work, output)
-                installed = True
-        except BaseException:
-            if installed:
-                os.replace(output, work)  # removed by the caller
-            if old is not None and (old / "previous").exists():
-                os.replace(old / "previous", output)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
 
 def build(settings: BuildSettings, log: Callable[[str], None] | None = None, probe=None) -> BuildResult:
     """Run the pipeline into a temporary sibling of ``settings.output`` and rename it into place."""
     log = log or _stderr
     start = time.perf_counter()
     output = settings.output
-    _prepare_output(output, settings.force, log)
+    prepare_output(output, settings.force, log)
     source = preflight(settings)
     created: list[Path] = []
     try:
@@ -834,10 +636,10 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
                 probe = probe_environment()
             pipeline = _Pipeline(settings, work, log, source)
             pipeline.run(probe)
-            _apply_umask(work)
+            apply_umask(work)
             # The hashes just recorded are the verification cache: the first run hashes nothing.
             remember_hashes(work, {name: record["sha256"] for name, record in pipeline.manifest[FILES_KEY].items()})
-            _install(work, output)
+            install(work, output)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             remove_created(created)

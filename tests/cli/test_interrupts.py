@@ -132,7 +132,7 @@ def test_signals_during_export_validate_calibrate_and_bench(exported, tmp_path):
 
 
 def test_a_killed_build_leaves_a_folder_the_next_build_removes(exported, tmp_path):
-    from dsa_export.build.pipeline import _prepare_output
+    from dsa_export.build.output_folder import prepare_output
 
     out = tmp_path / "k"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -150,10 +150,10 @@ def test_a_killed_build_leaves_a_folder_the_next_build_removes(exported, tmp_pat
     alive = tmp_path / f".k.build-{os.getpid()}-live"
     alive.mkdir()
     with pytest.raises(Exception, match=f"another build \\(process {os.getpid()}\\)"):
-        _prepare_output(out, False, lambda line: None)
+        prepare_output(out, False, lambda line: None)
     alive.rmdir()
     lines: list[str] = []
-    _prepare_output(out, False, lines.append)
+    prepare_output(out, False, lines.append)
     assert not left[0].exists() and any("killed" in line for line in lines)
 
 
