@@ -145,7 +145,7 @@ def _derive_indexer_types(config: dict, model_type: str, n: int) -> list[str]:
 # -- the tensor inventory from config.json -----------------------------------------------------------
 
 @dataclass(frozen=True)
-class TensorSpec:
+class CheckpointTensor:
     """One checkpoint tensor as config.json implies it.
 
     ``kind``: ``linear`` (stored FP8 with block scales in FP8 checkpoints), ``plain`` (kept in the
@@ -162,36 +162,36 @@ class TensorSpec:
         return math.prod(self.shape)
 
 
-def layer_tensors(g: Geometry, i: int) -> list[TensorSpec]:
+def layer_tensors(g: Geometry, i: int) -> list[CheckpointTensor]:
     """The tensors of decoder layer ``i``, keyed as transformers' save_pretrained and the releases write them."""
     p = f"model.layers.{i}"
     h, nh = g.hidden, g.heads
-    out = [TensorSpec(f"{p}.input_layernorm.weight", (h,), "plain"),
-           TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "plain")]
+    out = [CheckpointTensor(f"{p}.input_layernorm.weight", (h,), "plain"),
+           CheckpointTensor(f"{p}.post_attention_layernorm.weight", (h,), "plain")]
     a = f"{p}.self_attn"
-    out += [TensorSpec(f"{a}.q_a_proj.weight", (g.q_lora, h)),
-            TensorSpec(f"{a}.q_a_layernorm.weight", (g.q_lora,), "plain"),
-            TensorSpec(f"{a}.q_b_proj.weight", (nh * (g.nope + g.rope), g.q_lora)),
-            TensorSpec(f"{a}.kv_a_proj_with_mqa.weight", (g.kv_lora + g.rope, h)),
-            TensorSpec(f"{a}.kv_a_layernorm.weight", (g.kv_lora,), "plain"),
-            TensorSpec(f"{a}.kv_b_proj.weight", (nh * (g.nope + g.v_dim), g.kv_lora)),
-            TensorSpec(f"{a}.o_proj.weight", (h, nh * g.v_dim))]
+    out += [CheckpointTensor(f"{a}.q_a_proj.weight", (g.q_lora, h)),
+            CheckpointTensor(f"{a}.q_a_layernorm.weight", (g.q_lora,), "plain"),
+            CheckpointTensor(f"{a}.q_b_proj.weight", (nh * (g.nope + g.rope), g.q_lora)),
+            CheckpointTensor(f"{a}.kv_a_proj_with_mqa.weight", (g.kv_lora + g.rope, h)),
+            CheckpointTensor(f"{a}.kv_a_layernorm.weight", (g.kv_lora,), "plain"),
+            CheckpointTensor(f"{a}.kv_b_proj.weight", (nh * (g.nope + g.v_dim), g.kv_lora)),
+            CheckpointTensor(f"{a}.o_proj.weight", (h, nh * g.v_dim))]
     if g.attention_bias:
-        out += [TensorSpec(f"{a}.q_a_proj.bias", (g.q_lora,), "plain"),
-                TensorSpec(f"{a}.kv_a_proj_with_mqa.bias", (g.kv_lora + g.rope,), "plain"),
-                TensorSpec(f"{a}.o_proj.bias", (h,), "plain")]
+        out += [CheckpointTensor(f"{a}.q_a_proj.bias", (g.q_lora,), "plain"),
+                CheckpointTensor(f"{a}.kv_a_proj_with_mqa.bias", (g.kv_lora + g.rope,), "plain"),
+                CheckpointTensor(f"{a}.o_proj.bias", (h,), "plain")]
     if i >= g.layers or g.indexer_types[i] == "full":  # the MTP layer always runs its own indexer
         x = f"{a}.indexer"
-        out += [TensorSpec(f"{x}.wq_b.weight", (g.index_heads * g.index_dim, g.q_lora)),
-                TensorSpec(f"{x}.wk.weight", (g.index_dim, h)),
-                TensorSpec(f"{x}.k_norm.weight", (g.index_dim,), "plain"),
-                TensorSpec(f"{x}.k_norm.bias", (g.index_dim,), "plain"),
-                TensorSpec(f"{x}.weights_proj.weight", (g.index_heads, h), "plain")]
+        out += [CheckpointTensor(f"{x}.wq_b.weight", (g.index_heads * g.index_dim, g.q_lora)),
+                CheckpointTensor(f"{x}.wk.weight", (g.index_dim, h)),
+                CheckpointTensor(f"{x}.k_norm.weight", (g.index_dim,), "plain"),
+                CheckpointTensor(f"{x}.k_norm.bias", (g.index_dim,), "plain"),
+                CheckpointTensor(f"{x}.weights_proj.weight", (g.index_heads, h), "plain")]
     m = f"{p}.mlp"
     if i < g.layers and g.mlp_types[i] == "dense":
         return out + _mlp(m, h, g.intermediate)
-    out += [TensorSpec(f"{m}.gate.weight", (g.routed_experts, h), "plain"),
-            TensorSpec(f"{m}.gate.e_score_correction_bias", (g.routed_experts,), "fp32")]
+    out += [CheckpointTensor(f"{m}.gate.weight", (g.routed_experts, h), "plain"),
+            CheckpointTensor(f"{m}.gate.e_score_correction_bias", (g.routed_experts,), "fp32")]
     for e in range(g.routed_experts):
         out += _mlp(f"{m}.experts.{e}", h, g.moe_intermediate)
     if g.shared_experts:
@@ -199,41 +199,41 @@ def layer_tensors(g: Geometry, i: int) -> list[TensorSpec]:
     return out
 
 
-def _mlp(prefix: str, hidden: int, inter: int) -> list[TensorSpec]:
-    return [TensorSpec(f"{prefix}.gate_proj.weight", (inter, hidden)),
-            TensorSpec(f"{prefix}.up_proj.weight", (inter, hidden)),
-            TensorSpec(f"{prefix}.down_proj.weight", (hidden, inter))]
+def _mlp(prefix: str, hidden: int, inter: int) -> list[CheckpointTensor]:
+    return [CheckpointTensor(f"{prefix}.gate_proj.weight", (inter, hidden)),
+            CheckpointTensor(f"{prefix}.up_proj.weight", (inter, hidden)),
+            CheckpointTensor(f"{prefix}.down_proj.weight", (hidden, inter))]
 
 
-def embedding_tensors(g: Geometry) -> list[TensorSpec]:
-    return [TensorSpec("model.embed_tokens.weight", (g.vocab, g.hidden), "plain")]
+def embedding_tensors(g: Geometry) -> list[CheckpointTensor]:
+    return [CheckpointTensor("model.embed_tokens.weight", (g.vocab, g.hidden), "plain")]
 
 
-def head_tensors(g: Geometry) -> list[TensorSpec]:
+def head_tensors(g: Geometry) -> list[CheckpointTensor]:
     """Final norm and lm_head; a tied head is still a copy on the last stage's GPU."""
-    return [TensorSpec("model.norm.weight", (g.hidden,), "plain"),
-            TensorSpec("lm_head.weight", (g.vocab, g.hidden), "plain")]
+    return [CheckpointTensor("model.norm.weight", (g.hidden,), "plain"),
+            CheckpointTensor("lm_head.weight", (g.vocab, g.hidden), "plain")]
 
 
-def mtp_tensors(g: Geometry) -> list[TensorSpec]:
+def mtp_tensors(g: Geometry) -> list[CheckpointTensor]:
     """The unique weights of each multi-token-prediction layer, which transformers (and so we) ignore.
 
     DeepSeek's release also stores copies of the embedding and head under the MTP layer's prefix;
     those are counted only when the headers are read.
     """
-    out: list[TensorSpec] = []
+    out: list[CheckpointTensor] = []
     for k in range(g.mtp_layers):
         i = g.layers + k
         p = f"model.layers.{i}"
         out += layer_tensors(g, i)
-        out += [TensorSpec(f"{p}.enorm.weight", (g.hidden,), "plain"),
-                TensorSpec(f"{p}.hnorm.weight", (g.hidden,), "plain"),
-                TensorSpec(f"{p}.eh_proj.weight", (g.hidden, 2 * g.hidden), "plain"),
-                TensorSpec(f"{p}.shared_head.norm.weight", (g.hidden,), "plain")]
+        out += [CheckpointTensor(f"{p}.enorm.weight", (g.hidden,), "plain"),
+                CheckpointTensor(f"{p}.hnorm.weight", (g.hidden,), "plain"),
+                CheckpointTensor(f"{p}.eh_proj.weight", (g.hidden, 2 * g.hidden), "plain"),
+                CheckpointTensor(f"{p}.shared_head.norm.weight", (g.hidden,), "plain")]
     return out
 
 
-def tensor_bytes(t: TensorSpec, g: Geometry, dtype: str | None) -> int:
+def tensor_bytes(t: CheckpointTensor, g: Geometry, dtype: str | None) -> int:
     """Bytes of ``t`` as stored (``dtype`` None: FP8 kept, block scales included) or as exported in ``dtype``."""
     if dtype is not None:
         return t.numel * DTYPE_BYTES[dtype]
@@ -317,7 +317,7 @@ class ImpliedShapes:
             self._layers[str(i)] = by_kind[kind]
 
     @staticmethod
-    def _table(g: Geometry, specs: list[TensorSpec], prefix: int) -> dict[str, tuple[int, ...]]:
+    def _table(g: Geometry, specs: list[CheckpointTensor], prefix: int) -> dict[str, tuple[int, ...]]:
         rows, cols = g.fp8_block
         table = {t.key[prefix:]: t.shape for t in specs}
         table.update({f"{t.key[prefix:]}{_SCALE}": (math.ceil(t.shape[0] / rows), math.ceil(t.shape[1] / cols))

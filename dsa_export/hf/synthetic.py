@@ -85,7 +85,7 @@ from dsa_export.hf.synthetic_plan import (  # noqa: F401  (the plan half, re-exp
     KINDS,
     NARROW,
     PRECISIONS,
-    TensorSpec,
+    StoredTensor,
     _expert_groups,
     _quantized_blocks,
     _stored_blocks,
@@ -232,7 +232,7 @@ def write_checkpoint(path: str | os.PathLike, kind: str, *, layers: int, dense_l
                           seconds=time.perf_counter() - start)
 
 
-def _write_shard(file: Path, tensors: list[TensorSpec], plan: CheckpointPlan) -> None:
+def _write_shard(file: Path, tensors: list[StoredTensor], plan: CheckpointPlan) -> None:
     """One safetensors file, laid out like ``save_file`` (by dtype size, then name), filled tensor by tensor.
 
     A second thread writes while the next block is drawn (the two take about as long).

@@ -56,7 +56,7 @@ NARROW: dict[str, dict] = {
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class StoredTensor:
     """One stored tensor: its name, shape, safetensors dtype and how its values are made."""
 
     name: str
@@ -82,7 +82,7 @@ class CheckpointPlan:
     seed: int
     config: dict  # the config.json content
     generation_config: dict
-    tensors: tuple[TensorSpec, ...]
+    tensors: tuple[StoredTensor, ...]
     shard_bytes: int
 
     @property
@@ -108,15 +108,15 @@ class CheckpointPlan:
         """``lm_head`` and the final norm."""
         return sum(t.nbytes for t in self.tensors if t.name in ("lm_head.weight", "model.norm.weight"))
 
-    def shards(self) -> list[list[TensorSpec]]:
+    def shards(self) -> list[list[StoredTensor]]:
         """Tensors per shard in module order, filled greedily; a weight stays with its scale."""
-        units: list[list[TensorSpec]] = []
+        units: list[list[StoredTensor]] = []
         for t in self.tensors:
             if t.scale_of is not None:
                 units[-1].append(t)
             else:
                 units.append([t])
-        shards: list[list[TensorSpec]] = [[]]
+        shards: list[list[StoredTensor]] = [[]]
         size = 0
         for unit in units:
             unit_bytes = sum(t.nbytes for t in unit)
@@ -132,7 +132,7 @@ class CheckpointPlan:
         width = 6 if self.kind == "deepseek_v32" else 5
         return [f"model-{i:05d}-of-{n:0{width}d}.safetensors" for i in range(1, n + 1)]
 
-    def spec(self, name: str) -> TensorSpec:
+    def spec(self, name: str) -> StoredTensor:
         for t in self.tensors:
             if t.name == name:
                 return t
@@ -309,7 +309,7 @@ def _glm_unquantized_modules(cfg, mtp: bool) -> list[str]:
     return names
 
 
-def _inventory(kind: str, c: dict, precision: str, mtp: bool) -> Iterator[TensorSpec]:
+def _inventory(kind: str, c: dict, precision: str, mtp: bool) -> Iterator[StoredTensor]:
     std = c["initializer_range"]
     h, vocab = c["hidden_size"], c["vocab_size"]
     k_norm_dtype = "F32" if kind == "deepseek_v32" else "BF16"
@@ -318,13 +318,13 @@ def _inventory(kind: str, c: dict, precision: str, mtp: bool) -> Iterator[Tensor
 
     def linear(name, out_dim, in_dim, layer, quantizable=True):
         fp8 = quantizable and precision == "fp8"
-        yield TensorSpec(name, (out_dim, in_dim), "F8_E4M3" if fp8 else "BF16", "normal", layer, std, fp8)
+        yield StoredTensor(name, (out_dim, in_dim), "F8_E4M3" if fp8 else "BF16", "normal", layer, std, fp8)
         if fp8:
             scale = (math.ceil(out_dim / FP8_BLOCK), math.ceil(in_dim / FP8_BLOCK))
-            yield TensorSpec(name + "_scale_inv", scale, "F32", "scale", layer, scale_of=name)
+            yield StoredTensor(name + "_scale_inv", scale, "F32", "scale", layer, scale_of=name)
 
     def norm(name, dim, layer, dtype="BF16", init="ones"):
-        yield TensorSpec(name, (dim,), dtype, init, layer)
+        yield StoredTensor(name, (dim,), dtype, init, layer)
 
     def mlp(p, inter, layer):
         yield from linear(f"{p}.gate_proj.weight", inter, h, layer)
@@ -359,10 +359,10 @@ def _inventory(kind: str, c: dict, precision: str, mtp: bool) -> Iterator[Tensor
         for e in range(experts):
             yield from mlp(f"{p}.mlp.experts.{e}", moe_inter, i)
         yield from linear(f"{p}.mlp.gate.weight", experts, h, i, quantizable=False)
-        yield TensorSpec(f"{p}.mlp.gate.e_score_correction_bias", (experts,), "F32", "normal", i, std)
+        yield StoredTensor(f"{p}.mlp.gate.e_score_correction_bias", (experts,), "F32", "normal", i, std)
         yield from mlp(f"{p}.mlp.shared_experts", moe_inter * c["n_shared_experts"], i)
 
-    yield TensorSpec("model.embed_tokens.weight", (vocab, h), "BF16", "normal", None, std)
+    yield StoredTensor("model.embed_tokens.weight", (vocab, h), "BF16", "normal", None, std)
     for i in range(n):
         yield from decoder_layer(i, i >= c["first_k_dense_replace"], indexer_types[i] == "full")
     yield from norm("model.norm.weight", h, None)
@@ -370,7 +370,7 @@ def _inventory(kind: str, c: dict, precision: str, mtp: bool) -> Iterator[Tensor
     if mtp:  # DeepSeek-V3's README_WEIGHTS.md: the MTP module is layer num_hidden_layers
         p = f"model.layers.{n}"
         if kind == "deepseek_v32":
-            yield TensorSpec(f"{p}.embed_tokens.weight", (vocab, h), "BF16", "normal", n, std)
+            yield StoredTensor(f"{p}.embed_tokens.weight", (vocab, h), "BF16", "normal", n, std)
         yield from norm(f"{p}.enorm.weight", h, n)
         yield from norm(f"{p}.hnorm.weight", h, n)
         yield from linear(f"{p}.eh_proj.weight", h, 2 * h, n, quantizable=False)
@@ -393,7 +393,7 @@ def _block_seed(seed: int, name: str, block: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def _value_blocks(spec: TensorSpec, plan: CheckpointPlan):
+def _value_blocks(spec: StoredTensor, plan: CheckpointPlan):
     """float32 blocks of rows (the whole tensor for 1-D ones) holding the values before storage rounding."""
     import torch
 
@@ -412,7 +412,7 @@ def _value_blocks(spec: TensorSpec, plan: CheckpointPlan):
             yield torch.empty(shape).normal_(0.0, spec.std, generator=gen)
 
 
-def _stored_blocks(spec: TensorSpec, plan: CheckpointPlan):
+def _stored_blocks(spec: StoredTensor, plan: CheckpointPlan):
     import torch
 
     dtype = {"F32": torch.float32, "BF16": torch.bfloat16}[spec.dtype]
@@ -420,7 +420,7 @@ def _stored_blocks(spec: TensorSpec, plan: CheckpointPlan):
         yield block.to(dtype)
 
 
-def _quantized_blocks(spec: TensorSpec, plan: CheckpointPlan):
+def _quantized_blocks(spec: StoredTensor, plan: CheckpointPlan):
     """(fp8 block, its float32 scales) for a quantized weight, drawn as bf16 first."""
     import torch
 

@@ -32,7 +32,7 @@ BASE_OPSET = 18
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class OpTensor:
     name: str
     shape: str  # documentation of the symbolic shape, e.g. "[B,S,H_I,D]"
     types: tuple[str, ...]
@@ -55,8 +55,8 @@ class AttrSpec:
 class OpSpec:
     name: str
     doc: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    inputs: tuple[OpTensor, ...]
+    outputs: tuple[OpTensor, ...]
     attributes: tuple[AttrSpec, ...]
     torch_name: str = ""  # the torch.library op, "dsa::<torch_name>"
     #: Lowest standard-domain opset its function body can be written in.
@@ -88,15 +88,15 @@ INDEXER_TOPK = OpSpec(
         "remaining slots. Order within a row is unspecified."
     ),
     inputs=(
-        TensorSpec("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
-        TensorSpec("k", "[B,T,D]", FLOAT_TYPES, doc="Indexer keys, one per token shared by all heads."),
+        OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        OpTensor("k", "[B,T,D]", FLOAT_TYPES, doc="Indexer keys, one per token shared by all heads."),
         # w has its own type: the models compute weights_proj in float32 (transformers keeps it in
         # float32 even in bf16 checkpoints) while q and k are half precision.
-        TensorSpec("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+        OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
                    doc="Per-head weights of each query (float32, or q's dtype)."),
-        TensorSpec("lengths", "[B]", ("tensor(int32)",), optional=True, doc="Valid keys per batch row."),
+        OpTensor("lengths", "[B]", ("tensor(int32)",), optional=True, doc="Valid keys per batch row."),
     ),
-    outputs=(TensorSpec("indices", "[B,S,topk]", ("tensor(int32)",), doc="Selected key positions, -1 padded."),),
+    outputs=(OpTensor("indices", "[B,S,topk]", ("tensor(int32)",), doc="Selected key positions, -1 padded."),),
     attributes=(
         AttrSpec("topk", "int", None, "Number of keys to select per query."),
         AttrSpec("scale", "float", None, "Scale inside the ReLU (index_head_dim ** -0.5)."),
@@ -117,16 +117,16 @@ SPARSE_ATTENTION = OpSpec(
         "them). Accumulates in float32; the output has q's dtype."
     ),
     inputs=(
-        TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
-        TensorSpec("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
+        OpTensor("q", "[B,S,H,Dk]", FLOAT_TYPES),
+        OpTensor("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
         # Values from keys is an empty v, not an absent one: a function body cannot test whether an
         # optional input is present, and the empty v still carries Dv in its shape, so every
         # consumer that takes the output shape from v (exporter, plugin, fake kernel) stays right.
-        TensorSpec("v", "[B,T,Hkv,Dv] or [B,0,Hkv,Dv]", FLOAT_TYPES,
+        OpTensor("v", "[B,T,Hkv,Dv] or [B,0,Hkv,Dv]", FLOAT_TYPES,
                    doc="Values, or no rows: the values are then the first Dv channels of k's rows."),
-        TensorSpec("indices", "[B,S,K]", ("tensor(int32)",)),
+        OpTensor("indices", "[B,S,K]", ("tensor(int32)",)),
     ),
-    outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),
+    outputs=(OpTensor("out", "[B,S,H,Dv]", FLOAT_TYPES),),
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
 )
 
@@ -144,13 +144,13 @@ BLOCK_SPARSE_ATTENTION = OpSpec(
         "gives zeros. Accumulates in float32; the output has q's dtype."
     ),
     inputs=(
-        TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
-        TensorSpec("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
-        TensorSpec("v", "[B,T,Hkv,Dv]", FLOAT_TYPES),
-        TensorSpec("block_index", "[B,H,ceil(S/bs),Kb]", ("tensor(int32)",),
+        OpTensor("q", "[B,S,H,Dk]", FLOAT_TYPES),
+        OpTensor("k", "[B,T,Hkv,Dk]", FLOAT_TYPES),
+        OpTensor("v", "[B,T,Hkv,Dv]", FLOAT_TYPES),
+        OpTensor("block_index", "[B,H,ceil(S/bs),Kb]", ("tensor(int32)",),
                    doc="Key blocks of each (head, query block), -1 padded."),
     ),
-    outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),
+    outputs=(OpTensor("out", "[B,S,H,Dv]", FLOAT_TYPES),),
     attributes=(
         AttrSpec("block_size", "int", None, "Edge bs of the square blocks (queries and keys)."),
         AttrSpec("scale", "float", None, "Softmax scale."),
@@ -178,15 +178,15 @@ INDEXER_TOPK_PAGED = OpSpec(
         "position, -1 in the remaining slots; order within a row is unspecified." + _PAGED_DOC
     ),
     inputs=(
-        TensorSpec("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
-        TensorSpec("k_pool", "[P,page,D]", FLOAT_TYPES, doc="Pool of indexer-key pages (q's dtype)."),
-        TensorSpec("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+        OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        OpTensor("k_pool", "[P,page,D]", FLOAT_TYPES, doc="Pool of indexer-key pages (q's dtype)."),
+        OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
                    doc="Per-head weights of each query (float32, or q's dtype)."),
-        TensorSpec("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
-        TensorSpec("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
-        TensorSpec("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
+        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        OpTensor("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
+        OpTensor("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
     ),
-    outputs=(TensorSpec("indices", "[B,S,topk]", ("tensor(int32)",),
+    outputs=(OpTensor("indices", "[B,S,topk]", ("tensor(int32)",),
                         doc="Selected logical key positions, -1 padded."),),
     attributes=(
         AttrSpec("topk", "int", None, "Number of keys to select per query."),
@@ -209,14 +209,14 @@ SPARSE_ATTENTION_PAGED = OpSpec(
         "q's dtype." + _PAGED_DOC
     ),
     inputs=(
-        TensorSpec("q", "[B,S,H,Dk]", FLOAT_TYPES),
-        TensorSpec("k_pool", "[P,page,Hkv,Dk]", FLOAT_TYPES, doc="Pool of key pages."),
-        TensorSpec("v_pool", "[P,page,Hkv,Dv] or [0,page,Hkv,Dv]", FLOAT_TYPES,
+        OpTensor("q", "[B,S,H,Dk]", FLOAT_TYPES),
+        OpTensor("k_pool", "[P,page,Hkv,Dk]", FLOAT_TYPES, doc="Pool of key pages."),
+        OpTensor("v_pool", "[P,page,Hkv,Dv] or [0,page,Hkv,Dv]", FLOAT_TYPES,
                    doc="Pool of value pages, or no pages: the values are then the first Dv channels of the keys."),
-        TensorSpec("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
-        TensorSpec("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        OpTensor("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
+        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
     ),
-    outputs=(TensorSpec("out", "[B,S,H,Dv]", FLOAT_TYPES),),
+    outputs=(OpTensor("out", "[B,S,H,Dv]", FLOAT_TYPES),),
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
     has_plugin=False,
 )
@@ -239,10 +239,10 @@ _MOE_DOC = (
 )
 
 _MOE_INPUTS = (
-    TensorSpec("x", "[N,H]", FLOAT_TYPES, type_var="T", doc="Token activations, tokens flattened."),
-    TensorSpec("topk_ids", "[N,K]", ("tensor(int32)",), doc="Expert of each routing slot; outside [0,E): skipped."),
+    OpTensor("x", "[N,H]", FLOAT_TYPES, type_var="T", doc="Token activations, tokens flattened."),
+    OpTensor("topk_ids", "[N,K]", ("tensor(int32)",), doc="Expert of each routing slot; outside [0,E): skipped."),
     # The routers compute their weights in float32 (transformers does so in bf16 checkpoints too).
-    TensorSpec("topk_weights", "[N,K]", FLOAT_TYPES, type_var="TW",
+    OpTensor("topk_weights", "[N,K]", FLOAT_TYPES, type_var="TW",
                doc="Weight of each routing slot (float32, or x's dtype)."),
 )
 
@@ -257,11 +257,11 @@ MOE_EXPERTS = OpSpec(
     doc=_MOE_DOC,
     inputs=(
         *_MOE_INPUTS,
-        TensorSpec("gate_up", "[E,2I,H]", FLOAT_TYPES, type_var="T",
+        OpTensor("gate_up", "[E,2I,H]", FLOAT_TYPES, type_var="T",
                    doc="Gate (rows 0..I-1) and up (rows I..2I-1) projections of every expert, x's dtype."),
-        TensorSpec("down", "[E,H,I]", FLOAT_TYPES, type_var="T", doc="Down projection of every expert, x's dtype."),
+        OpTensor("down", "[E,H,I]", FLOAT_TYPES, type_var="T", doc="Down projection of every expert, x's dtype."),
     ),
-    outputs=(TensorSpec("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
+    outputs=(OpTensor("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
     attributes=(_ACTIVATION,),
 )
 
@@ -275,14 +275,14 @@ MOE_EXPERTS_FP8 = OpSpec(
     ),
     inputs=(
         *_MOE_INPUTS,
-        TensorSpec("gate_up", "[E,2I,H]", FP8_TYPES, type_var="TQ", doc="FP8 gate/up projections."),
-        TensorSpec("down", "[E,H,I]", FP8_TYPES, type_var="TQ", doc="FP8 down projections."),
-        TensorSpec("gate_up_scale", "[E,ceil(2I/bs),ceil(H/bs)]", ("tensor(float)",), type_var="TS",
+        OpTensor("gate_up", "[E,2I,H]", FP8_TYPES, type_var="TQ", doc="FP8 gate/up projections."),
+        OpTensor("down", "[E,H,I]", FP8_TYPES, type_var="TQ", doc="FP8 down projections."),
+        OpTensor("gate_up_scale", "[E,ceil(2I/bs),ceil(H/bs)]", ("tensor(float)",), type_var="TS",
                    doc="Block scales of gate_up."),
-        TensorSpec("down_scale", "[E,ceil(H/bs),ceil(I/bs)]", ("tensor(float)",), type_var="TS",
+        OpTensor("down_scale", "[E,ceil(H/bs),ceil(I/bs)]", ("tensor(float)",), type_var="TS",
                    doc="Block scales of down."),
     ),
-    outputs=(TensorSpec("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
+    outputs=(OpTensor("out", "[N,H]", FLOAT_TYPES, type_var="T"),),
     attributes=(_ACTIVATION, AttrSpec("block_size", "int", 128, "Edge of the square scale blocks.")),
     # float8 tensors and blocked DequantizeLinear need opset 21.
     min_opset=21,

@@ -86,8 +86,8 @@ def write_release(path, config: dict, shards: int = 3, mtp_copies: bool = True) 
     specs = S.embedding_tensors(g) + [t for i in range(g.layers) for t in S.layer_tensors(g, i)]
     specs += S.head_tensors(g) + S.mtp_tensors(g)
     if mtp_copies:
-        specs += [S.TensorSpec(f"model.layers.{g.layers}.embed_tokens.weight", (g.vocab, g.hidden)),
-                  S.TensorSpec(f"model.layers.{g.layers}.shared_head.head.weight", (g.vocab, g.hidden))]
+        specs += [S.CheckpointTensor(f"model.layers.{g.layers}.embed_tokens.weight", (g.vocab, g.hidden)),
+                  S.CheckpointTensor(f"model.layers.{g.layers}.shared_head.head.weight", (g.vocab, g.hidden))]
     entries = [e for t in specs for e in release_dtype(t.key, t.shape, g.fp8)]
     chunk = -(-len(entries) // shards)
     weight_map = {}
