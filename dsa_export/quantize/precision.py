@@ -32,15 +32,3 @@ class Precision:
         """float32 scale(s) for ``amax``; an all-zero tensor gets scale 1 (any scale represents it)."""
         amax = np.asarray(amax, dtype=np.float64)
         return np.where(amax > 0, amax / self.qmax, 1.0).astype(np.float32)
-
-
-def get_precision(name: str) -> Precision:
-    if name == "int8":
-        from dsa_export.quantize.int8 import INT8
-
-        return INT8
-    if name == "fp8":
-        from dsa_export.quantize.fp8 import FP8
-
-        return FP8
-    raise ValueError(f"unknown precision {name!r}")

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+import dsa_export.quantize.cache as trt_cache
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.fileio import atomic_output
-from dsa_export.quantize import cache as trt_cache
 from dsa_export.quantize.calibrate import Feed, check_feeds, collect_amax, input_specs, load_feeds
 from dsa_export.quantize.experts import expert_forms, experts_table
+from dsa_export.quantize.formats import get_precision
 from dsa_export.quantize.fp8 import E4M3_MAX
-from dsa_export.quantize.precision import get_precision
 from dsa_export.quantize.qdq import DynamicForm, Placement, insert_qdq, plan
 from dsa_export.quantize.recipe import DEFAULTS, Recipe, find_recipe, load_recipe
 from dsa_export.quantize.report import AccuracyReport, Thresholds, accuracy_report
