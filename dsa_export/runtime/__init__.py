@@ -5,6 +5,7 @@ plus the Polygraphy runners validation uses (torch and ONNX Runtime).
 plain .onnx. Importing this package imports neither torch, onnxruntime nor TensorRT.
 """
 
-from dsa_export.runtime.session import RUNTIME_CHOICES, Session, load
+from dsa_export.runtime.loader import load
+from dsa_export.runtime.session import RUNTIME_CHOICES, Session
 
 __all__ = ["RUNTIME_CHOICES", "Session", "load"]

@@ -439,7 +439,7 @@ def open_stage(folder: Path, stage: StageFiles, runtime: str, device: int, *, ve
                threads: int | None = None) -> Session:
     """The session of one stage: its build folder (engine on ``cuda:{device}`` or the ONNX Runtime
     artifact, as ``runtime`` says) or, in a stage export, its .onnx on ONNX Runtime's CPU provider."""
-    from dsa_export.runtime.session import load
+    from dsa_export.runtime.artifact import open_artifact
 
     if runtime not in RUNTIME_CHOICES:
         raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
@@ -453,14 +453,14 @@ def open_stage(folder: Path, stage: StageFiles, runtime: str, device: int, *, ve
         if not path.is_file():
             raise DSAUserError(f"{what}: {path} is missing; export the stages again.")
         stage.verify(folder, enabled=verify)
-        return load(path, "onnxruntime", verify=False, **options)
+        return open_artifact(path, "onnxruntime", verify=False, **options)
     path = folder / stage.build
     if not path.is_dir():
         raise DSAUserError(f"{what}: its build folder {path} is missing; build the stages again.")
     if runtime != "onnxruntime":
         _check_device(what, device, required=runtime == "engine")
     try:
-        return load(path, runtime, device, verify=verify, **options)
+        return open_artifact(path, runtime, device, verify=verify, **options)
     except DSAUserError as exc:
         raise DSAUserError(f"{what}: {exc}") from exc
 

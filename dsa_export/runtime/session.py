@@ -1,4 +1,4 @@
-"""One interface over the runtimes: ``load(artifact)`` returns a :class:`Session`.
+"""One interface over the runtimes: :class:`Session` (``dsa_export.runtime.load(artifact)`` opens one).
 
 A session takes numpy inputs by name and returns numpy outputs by name, whatever runs underneath
 (ONNX Runtime on CPU/CUDA/TensorRT execution providers, a TensorRT or TensorRT-RTX engine).
@@ -12,23 +12,17 @@ its inputs' names, shapes (against the build's profile), dtypes and token-id ran
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError, as_user_error
 from dsa_export.manifest import (
-    ENGINE_NAME,
-    MANIFEST_NAME,
     Manifest,
-    ORT_DIR,
     TensorSpec,
     check_feeds,
     make_inputs,
-    read_manifest,
 )
-from dsa_export.pipeline_record import verify_recorded_onnx
 
 RUNTIME_CHOICES = ("auto", "engine", "onnxruntime")
 
@@ -127,84 +121,4 @@ class Session:
         pass
 
 
-def _looks_like_engine(path: Path) -> bool:
-    from dsa_export.compat.engine_gate import PLAN_MAGICS
-
-    with open(path, "rb") as handle:
-        return handle.read(4) in PLAN_MAGICS
-
-
-def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
-         **options: Any) -> Session:
-    """Open a build folder, an engine file, the ``onnxruntime/`` artifact, a plain .onnx, or a
-    pipeline folder (``pipeline.json``: a :class:`~dsa_export.runtime.pipeline.PipelineSession`).
-
-    ``runtime``: ``engine`` or ``onnxruntime`` to insist on one; ``auto`` takes the folder's engine
-    when the gate accepts it on this machine and otherwise its ONNX Runtime artifact, with a note
-    saying why. ``verify``: check each file against the build's manifest before loading it (an
-    engine or ONNX file that was truncated or replaced is refused).
-    """
-    if runtime not in RUNTIME_CHOICES:
-        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
-    path = Path(artifact)
-    if not path.exists():
-        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
-    from dsa_export.runtime import onnxrt
-
-    from dsa_export.pipeline_record import PIPELINE_NAME
-
-    if path.is_dir() and (path / PIPELINE_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
-        from dsa_export.runtime.pipeline import PipelineSession
-
-        return PipelineSession.open(path, runtime, verify=verify, **options)
-    if path.is_file():
-        if path.suffix == ".onnx":
-            if runtime == "engine":
-                raise DSAUsageError(f"{path} is an ONNX file, not an engine; build one with `dsa-export build`.")
-            verify_recorded_onnx(path, enabled=verify)
-            return onnxrt.OnnxFileSession.open(path, **options)
-        if path.name == MANIFEST_NAME:
-            return load(path.parent, runtime, device, verify=verify, **options)
-        if runtime == "onnxruntime":
-            raise DSAUsageError(f"{path} is an engine; pass its build folder or an .onnx file for ONNX Runtime.")
-        return _engine_session(path, read_manifest(path), device, verify)
-    if path.name == ORT_DIR and (path.parent / MANIFEST_NAME).is_file():
-        return onnxrt.ArtifactSession.open(read_manifest(path.parent), verify=verify, **options)
-    manifest = read_manifest(path)
-    engine = manifest.engine
-    has_ort = manifest.onnxruntime is not None
-    if runtime == "onnxruntime" or (runtime == "auto" and engine is None):
-        if not has_ort:
-            raise DSAUserError(f"{path} has no ONNX Runtime artifact; rebuild with --backend auto or onnxruntime.")
-        return onnxrt.ArtifactSession.open(manifest, verify=verify, **options)
-    if engine is None:
-        raise DSAUserError(f"{path} has no engine; rebuild with --backend tensorrt or tensorrt-rtx.")
-    engine_path = manifest.artifact(engine.get("file", ENGINE_NAME), "engine.file")
-    # A damaged engine is refused outright, never replaced by the ONNX Runtime artifact.
-    manifest.verify([engine_path], enabled=verify)
-    if runtime == "engine" or not has_ort:
-        return _engine_session(engine_path, manifest, device, verify=False)
-    try:
-        return _engine_session(engine_path, manifest, device, verify=False)
-    except DSAUserError as exc:
-        session = onnxrt.ArtifactSession.open(manifest, verify=verify, **options)
-        session.notes.insert(0, f"Using the ONNX Runtime artifact because the {engine.get('backend')} engine cannot run here: {exc}")
-        return session
-
-
-def _engine_session(path: Path, manifest: Manifest, device: int, verify: bool = True) -> Session:
-    if path.is_dir():
-        raise DSAUserError(f"{path} is a folder, not an engine; pass the build folder or the engine file in it.")
-    notes = manifest.verify([path], enabled=verify)
-    if not _looks_like_engine(path):
-        from dsa_export.compat.engine_gate import sniff_engine
-
-        sniff_engine(path)  # raises with what the file is instead
-    from dsa_export.runtime.tensorrt import EngineSession
-
-    session = EngineSession.open(path, manifest, device)
-    session.notes.extend(notes)
-    return session
-
-
-__all__ = ["RUNTIME_CHOICES", "Session", "load"]
+__all__ = ["RUNTIME_CHOICES", "Session"]

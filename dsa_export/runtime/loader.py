@@ -1,0 +1,41 @@
+"""``load(artifact)``: whatever the user points at, opened as a session: a pipeline folder
+(``pipeline.json`` without a ``manifest.json``) as a
+:class:`~dsa_export.runtime.pipeline.PipelineSession`, anything else by
+:func:`~dsa_export.runtime.artifact.open_artifact`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.manifest import MANIFEST_NAME
+from dsa_export.pipeline_record import PIPELINE_NAME
+from dsa_export.runtime.artifact import open_artifact
+from dsa_export.runtime.session import RUNTIME_CHOICES, Session
+
+
+def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
+         **options: Any) -> Session:
+    """Open a build folder, an engine file, the ``onnxruntime/`` artifact, a plain .onnx, or a
+    pipeline folder (``pipeline.json``: a :class:`~dsa_export.runtime.pipeline.PipelineSession`).
+
+    ``runtime``: ``engine`` or ``onnxruntime`` to insist on one; ``auto`` takes the folder's engine
+    when the gate accepts it on this machine and otherwise its ONNX Runtime artifact, with a note
+    saying why. ``verify``: check each file against the build's manifest before loading it (an
+    engine or ONNX file that was truncated or replaced is refused).
+    """
+    if runtime not in RUNTIME_CHOICES:
+        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
+    path = Path(artifact)
+    if not path.exists():
+        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
+    if path.is_dir() and (path / PIPELINE_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
+        from dsa_export.runtime.pipeline import PipelineSession
+
+        return PipelineSession.open(path, runtime, verify=verify, **options)
+    return open_artifact(path, runtime, device, verify=verify, **options)
+
+
+__all__ = ["load"]
