@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from dsa_export.bench import memory
+import dsa_export.bench.memory as memory
 from dsa_export.bench.block import AttentionBlock, make_blocks, make_input
 from dsa_export.bench.settings import BenchSettings
 from dsa_export.errors import DSAUserError

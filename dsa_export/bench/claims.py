@@ -9,7 +9,7 @@ boolean) and its note says why where the figure alone does not.
 
 from __future__ import annotations
 
-from dsa_export.bench import flops as _flops
+import dsa_export.bench.flops as _flops
 from dsa_export.bench.settings import BenchSettings
 
 #: Memory claim of the seed documents is stated at this length.

@@ -29,8 +29,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+import dsa_export.bench.memory as memory
 from dsa_export import __version__
-from dsa_export.bench import memory
 from dsa_export.bench.backends import host_environment
 from dsa_export.bench.harness import fit_power_law, time_calls
 from dsa_export.bench.settings import MoEBenchSettings, MoEConfig

@@ -10,8 +10,8 @@ import statistics
 from dataclasses import asdict
 from typing import Callable
 
+import dsa_export.bench.flops as _flops
 from dsa_export import __version__
-from dsa_export.bench import flops as _flops
 from dsa_export.bench.backends import BACKEND_TYPES, Backend, host_environment
 from dsa_export.bench.claims import CLAIM_MEMORY_SEQ, claims
 from dsa_export.bench.gemm import GEMM_ROWS
