@@ -175,8 +175,8 @@ class OnnxRuntimeBackend(Backend):
         super().__init__(settings)
         from dsa_export.export import ExportSettings, export_model, save_model
         from dsa_export.model_ref import ModelReference
+        from dsa_export.model_source import ModelSource
         from dsa_export.runtime.onnxrt import session
-        from dsa_export.sources import ModelSource
 
         cfg = settings.block
         self._tmp = tempfile.TemporaryDirectory(prefix="dsa-bench-")

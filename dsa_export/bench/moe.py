@@ -147,8 +147,8 @@ class _OnnxRuntime:
         from dsa_export.export import ExportSettings
         from dsa_export.export.exporter import export_to_file
         from dsa_export.model_ref import ModelReference
+        from dsa_export.model_source import ModelSource
         from dsa_export.runtime.onnxrt import session
-        from dsa_export.sources import ModelSource
 
         self._tmp = tempfile.TemporaryDirectory(prefix="dsa-bench-moe-")
         cfg = layer.cfg

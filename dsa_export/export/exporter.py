@@ -23,9 +23,9 @@ from onnx import helper
 from dsa_export import __version__
 from dsa_export.errors import DSAUserError
 from dsa_export.export.settings import DTYPES, ExportSettings
+from dsa_export.model_source import ModelSource
 from dsa_export.ops.contract import DOMAIN, DOMAIN_VERSION, OPS
 from dsa_export.ops.onnx_ops import function_protos, register_schemas, translation_table
-from dsa_export.sources import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -294,10 +294,10 @@ def _finish(model: onnx.ModelProto, source: ModelSource, settings: ExportSetting
 def _trace(source: ModelSource, settings: ExportSettings, step=None):
     """The optimized ``onnx_ir`` model of ``source`` (weights bound, not yet read) and the
     settings with dtype and opset decided. ``step(text)`` is told when each phase starts."""
-    from dsa_export.export.external import bind_sources
-
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
+
+    from dsa_export.export.external import bind_sources
 
     step = step or (lambda text: None)
     settings = settings.resolved(source.dtype, source.min_opset)

@@ -17,7 +17,7 @@ import torch
 from dsa_export.errors import DSAUserError
 from dsa_export.hf.model import PAGE_SIZE
 from dsa_export.model_ref import ModelReference
-from dsa_export.sources import ModelSource
+from dsa_export.model_source import ModelSource
 
 GRAPHS = ("prefill", "decode", "paged")
 #: Past length of the traced decode example (any length >= 0 works at run time).

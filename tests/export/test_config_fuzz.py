@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsa_export.export import ExportSettings, export_model
+from dsa_export.model_ref import ModelReference
+from dsa_export.model_source import ModelSource
 from dsa_export.nn import DSACausalLM, DSAModelConfig, example_inputs
 from dsa_export.runtime.onnxrt import session
-from dsa_export.model_ref import ModelReference
-from dsa_export.sources import ModelSource
 
 
 @st.composite

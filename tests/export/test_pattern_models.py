@@ -18,9 +18,10 @@ import torch
 
 from dsa_export.export import ExportSettings, export_model, save_model
 from dsa_export.export.exporter import inline_custom_ops
+from dsa_export.model_source import ModelSource
 from dsa_export.nn import BUILTIN_CONFIGS
 from dsa_export.runtime.onnxrt import session
-from dsa_export.sources import ModelSource, resolve
+from dsa_export.sources import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_BLOCK_OP = hasattr(importlib.import_module("dsa_export.ops"), "dsa_block_sparse_attention")

@@ -340,7 +340,7 @@ class TinyBlockAttention(torch.nn.Module):
 def tiny_exports(tmp_path_factory):
     from dsa_export.export import ExportSettings, export_model
     from dsa_export.model_ref import ModelReference
-    from dsa_export.sources import ModelSource
+    from dsa_export.model_source import ModelSource
 
     module = TinyBlockAttention().eval()
     source = ModelSource(reference=ModelReference("module", name="tiny-block"), module=module,
