@@ -113,8 +113,9 @@ def dynamic_quantize_function(opset: int, block: int) -> onnx.FunctionProto:
     )
 
 
-def block_dequantize_function(opset: int, block: int) -> onnx.FunctionProto:
-    """``TRT_BlockDequantize(y, scale) -> x``: ``y`` times its block's scale, in ``output_dtype``.
+def block_dequantize_function(opset: int, block: int, float_codes: bool = False) -> onnx.FunctionProto:
+    """``TRT_BlockDequantize(y, scale) -> x``: ``y`` times its block's scale, in ``output_dtype``;
+    ``float_codes``: ``y`` holds the e4m3 values in float32 (:func:`_float_codes_function`).
 
     The body reads the FP8 codes with a unit-scale DequantizeLinear and multiplies them by the
     block scales (the same numbers as a blocked DequantizeLinear): with a blocked
@@ -122,9 +123,12 @@ def block_dequantize_function(opset: int, block: int) -> onnx.FunctionProto:
     fuses an FP8 GEMM that needs constant scales and fails to build
     (``MyelinCheckException: CHECK(is_constant())``); this form builds.
     """
-    nodes = [
+    read_codes = [_node("Identity", ["y"], ["codes"])] if float_codes else [
         _node("Constant", [], ["one"], value_float=1.0),
         _node("DequantizeLinear", ["y", "one"], ["codes"]),
+    ]
+    nodes = [
+        *read_codes,
         _node("Shape", ["y"], ["lead"], end=-1),
         _node("Constant", [], ["tail"], value_ints=[-1, block]),
         _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
@@ -232,27 +236,6 @@ def _float_codes_function(opset: int, block: int) -> onnx.FunctionProto:
     )
 
 
-def _float_dequantize_function(opset: int, block: int) -> onnx.FunctionProto:
-    nodes = [
-        _node("Shape", ["y"], ["lead"], end=-1),
-        _node("Constant", [], ["tail"], value_ints=[-1, block]),
-        _node("Concat", ["lead", "tail"], ["blocked_shape"], axis=0),
-        _node("Reshape", ["y", "blocked_shape"], ["code_blocks"]),
-        _node("Cast", ["scale"], ["scale_f"], to=TensorProto.FLOAT),
-        _node("Constant", [], ["axis"], value_ints=[-1]),
-        _node("Unsqueeze", ["scale_f", "axis"], ["scale_blocks"]),
-        _node("Mul", ["code_blocks", "scale_blocks"], ["blocks"]),
-        _node("Shape", ["y"], ["full"]),
-        _node("Reshape", ["blocks", "full"], ["xf"]),
-        _with_ref(_node("Cast", ["xf"], ["x"]), "to", "output_dtype", onnx.AttributeProto.INT),
-    ]
-    return helper.make_function(
-        TRT_DOMAIN, BLOCK_DEQUANTIZE, ["y", "scale"], ["x"], nodes, [helper.make_opsetid("", opset)],
-        attributes=["block_shape", "output_dtype"],
-        doc_string="Blocked dequantization of e4m3 values held in float32 (TensorRT-RTX's form).",
-    )
-
-
 def float_codes(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose two functions hold the e4m3 values in float32 (the same numbers)."""
     out = onnx.ModelProto()
@@ -263,7 +246,8 @@ def float_codes(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     keep = [f for f in out.functions if f.domain != TRT_DOMAIN]
     del out.functions[:]
-    out.functions.extend([*keep, _float_codes_function(opset, block), _float_dequantize_function(opset, block)])
+    out.functions.extend([*keep, _float_codes_function(opset, block),
+                          block_dequantize_function(opset, block, float_codes=True)])
     for node in out.graph.node:
         if node.domain == TRT_DOMAIN and node.op_type == DYNAMIC_QUANTIZE:
             for attr in node.attribute:

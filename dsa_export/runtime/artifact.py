@@ -24,6 +24,16 @@ def _looks_like_engine(path: Path) -> bool:
         return handle.read(4) in PLAN_MAGICS
 
 
+def checked_path(artifact: str | Path, runtime: str) -> Path:
+    """``artifact`` as a path, after refusing an unknown ``runtime`` and a path that does not exist."""
+    if runtime not in RUNTIME_CHOICES:
+        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
+    path = Path(artifact)
+    if not path.exists():
+        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
+    return path
+
+
 def open_artifact(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
                   **options: Any) -> Session:
     """Open a build folder, an engine file, the ``onnxruntime/`` artifact or a plain .onnx (a
@@ -34,11 +44,7 @@ def open_artifact(artifact: str | Path, runtime: str = "auto", device: int = 0, 
     saying why. ``verify``: check each file against the build's manifest before loading it (an
     engine or ONNX file that was truncated or replaced is refused).
     """
-    if runtime not in RUNTIME_CHOICES:
-        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
-    path = Path(artifact)
-    if not path.exists():
-        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
+    path = checked_path(artifact, runtime)
     if path.is_file():
         if path.suffix == ".onnx":
             if runtime == "engine":
@@ -89,4 +95,4 @@ def _engine_session(path: Path, manifest: Manifest, device: int, verify: bool = 
     return session
 
 
-__all__ = ["open_artifact"]
+__all__ = ["checked_path", "open_artifact"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.manifest import MANIFEST_NAME
 from dsa_export.pipeline_record import PIPELINE_NAME
-from dsa_export.runtime.artifact import open_artifact
-from dsa_export.runtime.session import RUNTIME_CHOICES, Session
+from dsa_export.runtime.artifact import checked_path, open_artifact
+from dsa_export.runtime.session import Session
 
 
 def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
@@ -26,11 +25,7 @@ def load(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify
     saying why. ``verify``: check each file against the build's manifest before loading it (an
     engine or ONNX file that was truncated or replaced is refused).
     """
-    if runtime not in RUNTIME_CHOICES:
-        raise DSAUsageError(f"runtime {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}.")
-    path = Path(artifact)
-    if not path.exists():
-        raise DSAUserError(f"{path} does not exist; pass a build folder, an engine, or an .onnx file.")
+    path = checked_path(artifact, runtime)
     if path.is_dir() and (path / PIPELINE_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
         from dsa_export.runtime.pipeline import PipelineSession
 
