@@ -26,6 +26,7 @@ on); the folder must be on a filesystem every node sees at the same path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -114,9 +115,17 @@ def _visible_gpus() -> int:
 
 
 def _build_key(stage, settings: BuildSettings) -> str:
-    """What a stage's build depends on: its files' hashes, the build settings, the tool version."""
-    record = {"files": stage.sha256, "tool": __version__, "settings": {
-        k: str(v) for k, v in vars(settings).items() if k not in ("model", "output", "force", "timing_cache")}}
+    """What a stage's build depends on: its files' hashes, the build settings, the tool version.
+
+    Calibration feeds inside the stage build's folder (``calibration/<data digest>/stage_KK``) count
+    by that relative path, which names the data by its digest: a stage build that was moved or
+    copied keeps its stages on resume."""
+    values = {k: str(v) for k, v in vars(settings).items() if k not in ("model", "output", "force", "timing_cache")}
+    if settings.calibration_data and settings.output:
+        with contextlib.suppress(ValueError):
+            values["calibration_data"] = Path(settings.calibration_data).resolve().relative_to(
+                Path(settings.output).resolve().parent).as_posix()
+    record = {"files": stage.sha256, "tool": __version__, "settings": values}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 

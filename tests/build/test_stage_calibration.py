@@ -112,3 +112,26 @@ def test_an_fp8_checkpoint_is_calibrated_not_taken_as_calibrated(tmp_path, calib
     for stage in read_pipeline(out).stages:
         calibration = json.loads((out / stage.build / "manifest.json").read_text())["calibration"]
         assert calibration["samples"] == 6 and not calibration.get("supplied"), calibration
+
+
+def test_a_moved_stage_build_keeps_its_build_keys(tmp_path):
+    """Calibration feeds inside the stage build count by their path relative to it (which names the
+    data by digest), so a moved or copied stage build keeps its stages on resume; feeds elsewhere,
+    or other data, give other keys."""
+    from dsa_export.build.settings import BuildSettings
+    from dsa_export.build.stage_build import _build_key
+    from dsa_export.pipeline_record import StageFiles
+
+    stage = StageFiles(index=0, layers=(0, 2), embed=True, head=False, onnx="stage_00.onnx", data=None,
+                       sha256={"stage_00.onnx": "0" * 64}, sizes={"stage_00.onnx": 1}, inputs=[], outputs=[],
+                       weight_bytes=1, checkpoint_bytes=1, key="k", plan={})
+
+    def key(root, data="calibration/abc/stage_00"):
+        return _build_key(stage, BuildSettings(output=root / "stage_00", calibration_data=str(root / data),
+                                               precision="fp8"))
+
+    assert key(tmp_path / "a") == key(tmp_path / "moved" / "b")
+    assert key(tmp_path / "a") != key(tmp_path / "a", "calibration/other/stage_00")
+    outside = _build_key(stage, BuildSettings(output=tmp_path / "a" / "stage_00", precision="fp8",
+                                              calibration_data=str(tmp_path / "elsewhere")))
+    assert outside != key(tmp_path / "a")
