@@ -52,6 +52,7 @@ from dsa_export.quantize.report import (
     Thresholds,
     cosine,
     experts_nodes,
+    indexer_nodes,
     router_agreement,
     selection_overlap,
     sqnr_db,
@@ -295,35 +296,6 @@ def _stage_graph(folder: Path, stage: StageFiles, verify: bool) -> Path:
     return path
 
 
-def _selection_nodes(model) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(node, output) of every indexer (plain and paged) and (node, topk_ids) of every routed-experts
-    node, in graph order."""
-    from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED
-
-    indexers = [(node.name or f"{node.op_type}_{i}", node.output[0]) for i, node in enumerate(model.graph.node)
-                if node.domain == DOMAIN and node.op_type in (INDEXER_TOPK.name, INDEXER_TOPK_PAGED.name)]
-    return indexers, experts_nodes(model)
-
-
-def _with_selections(model, names: Sequence[str]):
-    """``model`` with the tensors ``names`` as extra graph outputs (the per-stage report's
-    :func:`~dsa_export.quantize.report.with_indexer_outputs`, which knows the plain indexer only,
-    then the rest the same way)."""
-    import copy
-
-    import onnx
-
-    out = with_indexer_outputs(model)
-    existing = {o.name for o in out.graph.output}
-    value_infos = {v.name: v for v in out.graph.value_info}
-    for name in names:
-        if name in existing:
-            continue
-        out.graph.output.append(copy.deepcopy(value_infos[name]) if name in value_infos
-                                else onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, None))
-    return out
-
-
 class _Logits:
     """Cosine and SQNR of several arrays taken as one (what :func:`cosine` and :func:`sqnr_db` give
     for their concatenation) without holding them: running sums in float64."""
@@ -368,8 +340,8 @@ def _run_stage(folder: Path, pipeline: Pipeline, stage: StageFiles, samples: Seq
 
     graph = _stage_graph(folder, stage, verify)
     model = onnx.load(str(graph), load_external_data=False)
-    indexers, experts = _selection_nodes(model)
-    exposed = _with_selections(model, [name for _, name in indexers + experts]).SerializeToString()
+    indexers, experts = indexer_nodes(model), experts_nodes(model)
+    exposed = with_indexer_outputs(model).SerializeToString()
     del model
     sess = session(graph, model_bytes=exposed)
     del exposed
