@@ -30,6 +30,8 @@ import onnx
 import onnx.numpy_helper
 from onnx import TensorProto, helper
 
+from dsa_export.quantize.experts import fp8_block_size
+
 TRT_DOMAIN = "trt"
 DYNAMIC_QUANTIZE = "TRT_DynamicQuantize"
 BLOCK_DEQUANTIZE = "TRT_BlockDequantize"
@@ -41,14 +43,11 @@ _TINY = float(np.finfo(np.float32).tiny)
 
 
 def block_for(channels: int, largest: int = ACTIVATION_BLOCK) -> int | None:
-    """The largest power of two up to ``largest`` dividing ``channels``; None if below 16 (TensorRT's
+    """The largest power of two up to ``largest`` dividing ``channels`` (the routed experts' block
+    rule, :func:`~dsa_export.quantize.experts.fp8_block_size`); None if below 16 (TensorRT's
     smallest quantization block, and too small a block to be worth a scale)."""
-    block = largest
-    while block >= 16:
-        if channels % block == 0:
-            return block
-        block //= 2
-    return None
+    block = fp8_block_size(largest, channels, channels)
+    return block if block >= 16 else None
 
 
 def block_shape(rank: int, block: int) -> list[int]:
@@ -269,13 +268,12 @@ def inline_for_rtx(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def reference(x: np.ndarray, block: int) -> np.ndarray:
     """What the pair computes, in NumPy (float32 in, float32 out): the tests' oracle."""
-    import ml_dtypes
+    from dsa_export.quantize.fp8 import FP8
 
     shape = x.shape
     groups = x.astype(np.float32).reshape(*shape[:-1], shape[-1] // block, block)
     scale = np.maximum(np.abs(groups).max(-1, keepdims=True), np.float32(_TINY)) / np.float32(E4M3_MAX)
-    codes = np.clip(groups / scale, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
-    return (codes.astype(np.float32) * scale).reshape(shape)
+    return (FP8.quantize_array(groups, scale).astype(np.float32) * scale).reshape(shape)
 
 
 __all__ = ["ACTIVATION_BLOCK", "BLOCK_DEQUANTIZE", "DYNAMIC_QUANTIZE", "TRT_DOMAIN", "add_functions", "block_for",

@@ -127,7 +127,7 @@ def fp8_block_size(requested: int, hidden: int, intermediate: int) -> int:
     return block
 
 
-def _fp8_blocks(values: np.ndarray, block: int, precision: Precision, pow2: bool) -> tuple[np.ndarray, np.ndarray]:
+def fp8_blocks(values: np.ndarray, block: int, precision: Precision, pow2: bool) -> tuple[np.ndarray, np.ndarray]:
     """float8 values and float32 block scales ``[E, R/b, C/b]`` of a float stack ``[E, R, C]``;
     ``pow2`` rounds each scale up to a power of two (DeepSeek's ``scale_fmt: ue8m0``)."""
     e, rows, cols = values.shape
@@ -176,7 +176,7 @@ def _to_fp8_node(node: onnx.NodeProto, target: ExpertsTarget, initializers: dict
     block = fp8_block_size(block_size, target.hidden, target.intermediate)
     weights, scales = [], []
     for stack in (target.gate_up, target.down):
-        quantized, scale = _fp8_blocks(numpy_helper.to_array(initializers[stack]), block, precision, scale_pow2)
+        quantized, scale = fp8_blocks(numpy_helper.to_array(initializers[stack]), block, precision, scale_pow2)
         out.initializers += [numpy_helper.from_array(quantized, f"{stack}_fp8"),
                              numpy_helper.from_array(scale, f"{stack}_block_scale")]
         weights.append(f"{stack}_fp8")

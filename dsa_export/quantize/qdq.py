@@ -42,6 +42,7 @@ from dsa_export.quantize.experts import (
     MoEPlacement,
     expert_function_updates,
     find_experts,
+    fp8_blocks,
     rewrite_experts,
 )
 from dsa_export.quantize.graph import (
@@ -101,18 +102,28 @@ class Placement:
         return sorted({name for ix in self.indexers for name in (ix.q, ix.k)})
 
 
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every named value (inferred where the file does not say)."""
+def value_facts(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list[int | None]]]:
+    """Element type and shape (ints, None where dynamic) of every named value, from one ONNX shape
+    inference (where the file does not say); a real-width stage is gigabytes, inferred once."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # custom domains without schemas: keep what the file records
         inferred = model
     graph = inferred.graph
     types = {i.name: i.data_type for i in graph.initializer}
+    shapes: dict[str, list[int | None]] = {}
     for value in (*graph.input, *graph.value_info, *graph.output):
         if value.type.HasField("tensor_type"):
             types[value.name] = value.type.tensor_type.elem_type
-    return types
+            if value.type.tensor_type.HasField("shape"):
+                shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                      for d in value.type.tensor_type.shape.dim]
+    return types, shapes
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every named value (inferred where the file does not say)."""
+    return value_facts(model)[0]
 
 
 #: Ops a router's scores pass through between its MatMul and the TopK that picks experts.
@@ -230,7 +241,7 @@ def insert_qdq(
     """
     out = copy.deepcopy(model)
     graph = out.graph
-    types = tensor_types(model)
+    types, shapes = value_facts(model)
     if dynamic is not None and precision.name != "fp8":
         raise ValueError("dynamic activations are FP8 only")
     initializers = {i.name: i for i in graph.initializer}
@@ -291,7 +302,7 @@ def insert_qdq(
     act_nodes: dict[str, list[onnx.NodeProto]] = {}
     read_as = {name: f"{name}_dequantized" for name in readers}
     if dynamic is not None:
-        act_nodes, read_as, extra_inits, act_block = dynamic_activations(model, sorted(readers), types, dynamic)
+        act_nodes, read_as, extra_inits, act_block = dynamic_activations(sorted(readers), types, shapes, dynamic)
         new_inits += extra_inits
         needs_opset = max(needs_opset, 21)
     for name in sorted(readers) if dynamic is None else ():
@@ -378,12 +389,8 @@ def weight_blocks(values: np.ndarray, out_axis: int, block: int, precision: Prec
     """
     in_axis = 1 - out_axis
     canonical = np.moveaxis(values.astype(np.float32), out_axis, 0)  # [N, K]
-    n, k = canonical.shape
-    tiles = canonical.reshape(n // block, block, k // block, block)
-    scale = precision.scale(np.abs(tiles).max(axis=(1, 3)))  # [N/b, K/b]
-    if pow2:
-        scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
-    codes = precision.quantize_array(tiles, scale[:, None, :, None]).reshape(n, k)
+    codes, scale = fp8_blocks(canonical[None], block, precision, pow2)  # the routed experts' block quantizer
+    codes, scale = codes[0], scale[0]  # [N, K], [N/b, K/b]
     per_row = np.repeat(scale, block, axis=0)  # [N, K/b]
     if out_axis == 0:
         return codes, per_row, in_axis
@@ -398,26 +405,10 @@ def _hadamard(size: int) -> np.ndarray:
     return (h / np.sqrt(size)).astype(np.float32)
 
 
-def _static_dims(model: onnx.ModelProto, names: list[str]) -> dict[str, list]:
-    """Shape (ints or None) of each of ``names``, from the file or ONNX shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        inferred = model
-    graph = inferred.graph
-    dims = {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        if value.name in names and value.type.tensor_type.HasField("shape"):
-            dims[value.name] = [d.dim_value if d.HasField("dim_value") else None
-                                for d in value.type.tensor_type.shape.dim]
-    return dims
-
-
-def dynamic_activations(model: onnx.ModelProto, names: list[str], types: dict[str, int],
+def dynamic_activations(names: list[str], types: dict[str, int], dims: dict[str, list[int | None]],
                         form: DynamicForm) -> tuple[dict, dict[str, str], list[TensorProto], int]:
     """The dynamic FP8 Q/DQ of every activation of ``names``: (nodes after each producer, the
     name each reader reads instead, new initializers, the file's block size)."""
-    dims = _static_dims(model, names)
     channels = {}
     for name in names:
         shape = dims.get(name)
