@@ -3,7 +3,7 @@ schema, and the checks every reader makes before it uses a file of such a folder
 
 ``dsa-export build`` writes ``manifest.json``; the runtimes, ``check --engine`` (through
 :mod:`dsa_export.compat.engine_gate`, which reads the ``engine`` section) and the C++ example read it.
-The pipeline of stages (``pipeline.json``) is :mod:`dsa_export.pipeline_record`; the trust rules
+The pipeline of stages (``pipeline.json``) is :mod:`dsa_export.stages.record`; the trust rules
 both share (paths confined to the folder, files checked against their recorded size and sha256,
 external data confined) are :mod:`dsa_export.integrity`. This module sits at the bottom of the
 package so that readers never import the build pipeline. Reading imports neither torch,
@@ -43,7 +43,7 @@ ORT_SESSION_NAME = "session.json"
 #: ``{relative path: {"size", "sha256"}}`` of every file of a build (manifest.json excepted).
 FILES_KEY = "files"
 #: Provider options a build's session.json may hold, per execution provider (what
-#: :func:`dsa_export.build.onnxrt.tensorrt_ep_options` writes). Anything else is refused: options
+#: :func:`dsa_export.artifact.onnxrt.tensorrt_ep_options` writes). Anything else is refused: options
 #: such as ``trt_engine_decryption_lib_path`` load code.
 ORT_PROVIDER_OPTIONS: dict[str, frozenset[str]] = {
     "TensorrtExecutionProvider": frozenset({
@@ -453,7 +453,7 @@ def _require_input_memory(inputs: list[TensorSpec], shapes: dict[str, list[int]]
     8-byte draw of the largest, made before its conversion) exceed the memory available."""
     import numpy as np
 
-    from dsa_export.runtime.memory import GiB, HEADROOM, available_memory
+    from dsa_export.runtime.memory import HEADROOM, GiB, available_memory
 
     sizes = {}
     for spec in inputs:

@@ -1,4 +1,4 @@
-"""The demo build, made once per test session and shared by tests/build and tests/runtime."""
+"""The demo build, made once per test session and shared by tests/artifact and tests/runtime."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ HAS_RTX = importlib.util.find_spec("tensorrt_rtx_bindings") is not None
 
 
 def build_demo(out):
-    from dsa_export.build import BuildSettings, build
+    from dsa_export.artifact import BuildSettings, build
 
     lines: list[str] = []
     result = build(BuildSettings(output=out), log=lines.append)

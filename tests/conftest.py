@@ -31,6 +31,20 @@ def exported(tmp_path_factory, tiny_source):
 
 
 @pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """``{"deepseek_v32": dir, "glm_moe_dsa": dir}``: tiny random checkpoints (tests/hf/conftest.py),
+    made once per session; skips without transformers."""
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    from tests.hf.conftest import make_checkpoint
+
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "deepseek_v32": make_checkpoint(root, "deepseek_v32", layers=3, index_topk=8),
+        "glm_moe_dsa": make_checkpoint(root, "glm_moe_dsa", layers=4, index_topk=8),
+    }
+
+
+@pytest.fixture(scope="session")
 def demo_build(tmp_path_factory):
     """``(BuildResult, progress lines)`` of ``dsa-export build`` with no MODEL (the README's demo)."""
     from tests.build_fixtures import build_demo

@@ -1,7 +1,7 @@
 """Every tests/**/test_*.py module is collected by a plain ``python -m pytest`` (the CI command).
 
 pytest skips some folders without a word: its default ``norecursedirs`` has ``build``, which kept
-tests/build/ out of every run until pyproject.toml listed the defaults without it. This test runs
+tests/build/ (now tests/artifact/) out of every run until pyproject.toml listed the defaults without it. This test runs
 pytest's collection (``--collect-only``, nothing runs) in a subprocess from the repository root
 with no arguments, so ``testpaths``, ``norecursedirs`` and ``addopts`` apply as in CI, and checks
 that every test module on disk was collected and gave at least one test. A module that fails to
@@ -81,7 +81,7 @@ def test_every_test_module_is_collected(tmp_path):
     on_disk = sorted(p.relative_to(REPO).as_posix() for p in TESTS.rglob("test_*.py"))
     # Cannot pass on an empty tree, nor without the folder that was skipped once.
     assert "tests/test_collection.py" in on_disk
-    assert any(p.startswith("tests/build/") for p in on_disk), on_disk
+    assert any(p.startswith("tests/artifact/") for p in on_disk), on_disk
 
     result, printed = _collect(tmp_path / "collected.json")
     collected = {_rel(m["path"]): m for m in result["modules"] if _rel(m["path"])}

@@ -187,7 +187,7 @@ def test_glm_topk_link_and_dim_override(checker, tmp_path):
 def test_reads_the_pipeline_json_dsa_export_writes(checker, tmp_path):
     """pipeline.json written by dsa_export.manifest (the schema the stage build uses), not by hand."""
     from dsa_export.manifest import TensorSpec
-    from dsa_export.pipeline_record import Pipeline, StageFiles, StageLink
+    from dsa_export.stages.record import Pipeline, StageFiles, StageLink
 
     stages = []
     for i in range(2):

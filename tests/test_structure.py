@@ -97,3 +97,12 @@ def test_no_module_past_the_readable_size():
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_package_or_test_folder_named_like_an_output_folder():
+    """Build tools, linters and pytest's default ``norecursedirs`` skip folders named ``build`` or
+    ``dist``: a package or test folder of that name disappears from their view without a word."""
+    repo = ROOT.parent
+    folders = [p for top in (ROOT, repo / "tests") for p in [top, *top.rglob("*")] if p.is_dir()]
+    assert len(folders) > 10
+    assert [str(p.relative_to(repo)) for p in folders if p.name in {"build", "dist"}] == []

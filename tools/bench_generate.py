@@ -50,8 +50,8 @@ def graph_facts(model_path: Path) -> dict:
     from the .onnx files of MODEL (external data not loaded)."""
     import onnx
 
-    from dsa_export.pipeline_record import PIPELINE_NAME, read_pipeline
     from dsa_export.runtime.memory import weight_bytes
+    from dsa_export.stages.record import PIPELINE_NAME, read_pipeline
 
     if model_path.is_dir() and (model_path / PIPELINE_NAME).is_file():
         pipeline = read_pipeline(model_path)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from dsa_export.bench.memory import measure_peak_rss
     from dsa_export.runtime import load
     from dsa_export.runtime.generate import SamplingSettings, generate
-    from dsa_export.runtime.pipeline import PipelineSession, is_pipeline
+    from dsa_export.stages.session import PipelineSession, is_pipeline
 
     facts = graph_facts(args.model)
     config = json.loads((args.checkpoint / "config.json").read_text()) if args.checkpoint else {}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from dsa_export.build.settings import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
+from dsa_export.artifact.settings import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
 from dsa_export.cli.options import RTX_TARGET, check_outputs, emit_report, json_options, say
-from dsa_export.hf.plan import DEFAULT_MAX_SEQ
+from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 
 
 @click.command(name="build")
@@ -77,7 +77,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     build folder per stage (prefill and decode profiles, one shared timing cache) and
     OUTPUT/pipeline.json; each stage lands whole, and a stage that did not change is kept.
     """
-    from dsa_export.build import BuildSettings, build, parse_shape_ranges
+    from dsa_export.artifact import BuildSettings, build, parse_shape_ranges
     from dsa_export.quiet import user_stderr
 
     check_outputs((json_out, "--json-out"), inputs=(Path(model) if model else None,))
@@ -100,15 +100,15 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
     say(result.summary_table(), as_json)
     emit_report({"output": str(result.output), "seconds": round(result.seconds, 2),
-                 "stages": [vars(stage) for stage in result.stages], "manifest": result.manifest}, as_json, json_out)
+                 "steps": [vars(step) for step in result.steps], "manifest": result.manifest}, as_json, json_out)
 
 
 def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
                   graph, as_json, json_out) -> None:
     import time
 
-    from dsa_export.build.stage_build import build_stages, stage_build_table
     from dsa_export.quiet import user_stderr
+    from dsa_export.stages.builder import build_stages, stage_build_table
     from dsa_export.trt.profiles import DEFAULT_RANGE
 
     if model is None:
@@ -150,8 +150,8 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
                 as_json, json_out)
     if report is not None and not report.passed:
         # As `calibrate` does with a failing report: everything is written and shown, then exit 1.
-        from dsa_export.build.pipeline_report import REPORT_NAME, failure_sentence
-        from dsa_export.build.stage_calibration import CALIBRATION_DIR
         from dsa_export.errors import DSAUserError
+        from dsa_export.stages.calibration import CALIBRATION_DIR
+        from dsa_export.stages.report import REPORT_NAME, failure_sentence
 
         raise DSAUserError(failure_sentence(report, output / CALIBRATION_DIR / REPORT_NAME))

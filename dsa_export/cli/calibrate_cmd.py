@@ -106,8 +106,8 @@ def command(onnx_file: Path, output: Path, precision, method, data, samples, per
         raise DSAUsageError("--cache writes INT8 scales for TensorRT 10; drop it or use --precision int8.")
     import onnxruntime
 
-    from dsa_export.pipeline_record import verify_recorded_onnx
     from dsa_export.quiet import quiet_onnxruntime
+    from dsa_export.stages.record import verify_recorded_onnx
 
     quiet_onnxruntime(onnxruntime)
     verify_recorded_onnx(onnx_file)

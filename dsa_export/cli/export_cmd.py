@@ -9,9 +9,9 @@ import click
 
 from dsa_export.cli.options import LAYER_SPAN, check_outputs, emit_report, json_options, say
 from dsa_export.cli.plan_cmd import StageCount
-from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
+from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 
 
 @click.command(name="export")
@@ -112,9 +112,8 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
                          batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype)
     else:
         source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
-    from dsa_export.export import export_to_file
-
     from dsa_export import interrupts
+    from dsa_export.export import export_to_file
 
     # The exporter stages large files in a hidden sibling folder: removed if the process is ended.
     def step(text: str) -> None:  # torch.export says nothing for tens of seconds; on a terminal, say what runs
@@ -135,7 +134,7 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
 
 def _export_stages(model: Path, output: Path, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph,
                    dequantize_fp8, start, as_json: bool, json_out: Path | None) -> None:
-    from dsa_export.build.stages import StageExportSettings, export_stages, stage_table
+    from dsa_export.stages.export import StageExportSettings, export_stages, stage_table
 
     stage_settings = StageExportSettings(stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
                                          max_seq=max_seq, graph=graph, dequantize_fp8=dequantize_fp8, export=settings)

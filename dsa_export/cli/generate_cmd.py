@@ -133,11 +133,11 @@ def command(model_dir: Path, prompts: tuple[str, ...], prompt_file, input_ids: P
 
 
 def _open(model_dir: Path, runtime: str, ray_address: str | None, verify: bool):
-    from dsa_export.runtime.pipeline import PipelineSession, is_pipeline
+    from dsa_export.stages.session import PipelineSession, is_pipeline
 
     if is_pipeline(model_dir):
         if ray_address is not None:
-            from dsa_export.runtime.ray_pipeline import open_on_ray
+            from dsa_export.stages.ray_actors import open_on_ray
 
             return open_on_ray(model_dir, ray_address, runtime, verify=verify)
         return PipelineSession.open(model_dir, runtime, verify=verify)

@@ -1,6 +1,6 @@
 """``dsa-export plan``: how to split a checkpoint into pipeline stages, one per GPU.
 
-Plain arithmetic over config.json and the safetensors headers (see ``dsa_export.hf.plan``): no
+Plain arithmetic over config.json and the safetensors headers (see ``dsa_export.stages.plan``): no
 torch, transformers or onnx is imported, so it answers in about a second for a 671B model.
 """
 
@@ -11,7 +11,13 @@ from pathlib import Path
 import click
 
 from dsa_export.errors import DSAUserError
-from dsa_export.hf.plan import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, DTYPE_BYTES, StagesDoNotFit, plan_stages
+from dsa_export.stages.plan import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_SEQ,
+    DTYPE_BYTES,
+    StagesDoNotFit,
+    plan_stages,
+)
 
 
 class StageCount(click.ParamType):

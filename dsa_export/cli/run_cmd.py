@@ -37,7 +37,7 @@ def _require_sizes(session, artifact: Path, dims: dict) -> None:
     .onnx has no build, so say which sizes to pass instead of failing on the first one."""
     if getattr(session, "manifest", None) is not None or not hasattr(session, "dim_names"):
         return
-    from dsa_export.runtime.pipeline import PipelineSession
+    from dsa_export.stages.session import PipelineSession
 
     if isinstance(session, PipelineSession):  # a pipeline sizes its prefill call itself
         return

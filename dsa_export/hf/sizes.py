@@ -4,7 +4,7 @@ Plain arithmetic and JSON (no torch, transformers or onnx), so ``dsa-export plan
 a second: the model's geometry from config.json, the inventory of tensors per layer (in the
 checkpoint's precision, FP8 block scales included, or as an export with ``--dtype`` writes them),
 exact bytes from the shard headers when the shards are present, and per layer the decode caches
-and the transient activations of a prefill. :mod:`dsa_export.hf.plan` splits the layers into
+and the transient activations of a prefill. :mod:`dsa_export.stages.plan` splits the layers into
 stages with these figures; every formula is written out in ``docs/plan.md``.
 """
 

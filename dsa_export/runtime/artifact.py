@@ -1,7 +1,7 @@
 """Opening one built artifact as a :class:`~dsa_export.runtime.session.Session`: a build folder
 (its engine when the engine gate accepts it here, else its ONNX Runtime artifact), an engine file,
 the ``onnxruntime/`` artifact or a plain .onnx, each verified against its record first. Pipelines
-of such artifacts are :mod:`dsa_export.runtime.pipeline`'s; :func:`dsa_export.runtime.load` opens
+of such artifacts are :mod:`dsa_export.stages.session`'s; :func:`dsa_export.runtime.load` opens
 either.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import dsa_export.runtime.onnxrt as onnxrt
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.manifest import ENGINE_NAME, MANIFEST_NAME, ORT_DIR, Manifest, read_manifest
-from dsa_export.pipeline_record import verify_recorded_onnx
 from dsa_export.runtime.session import RUNTIME_CHOICES, Session
+from dsa_export.stages.record import verify_recorded_onnx
 
 
 def _looks_like_engine(path: Path) -> bool:

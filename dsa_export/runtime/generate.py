@@ -1,6 +1,6 @@
 """Token generation over a decode graph: prefill, then one token per step, caches kept by the stages.
 
-:func:`generate` drives a :class:`~dsa_export.runtime.pipeline.PipelineSession` (a stage export or
+:func:`generate` drives a :class:`~dsa_export.stages.session.PipelineSession` (a stage export or
 stage build, local or on Ray, or one decode graph / build as a pipeline of one stage): the first
 call feeds the whole prompt with empty caches, every further call feeds the previous token; the
 stages keep their caches per slot (:meth:`PipelineSession.forward`). Over a paged graph the prompts
@@ -182,7 +182,7 @@ def generate(model, prompt_ids, settings: SamplingSettings = SamplingSettings(),
     """Continue the prompts by up to ``settings.max_new_tokens`` tokens each.
 
     ``prompt_ids``: ``[B, L]`` ids, or (paged graphs) a list of id lists of different lengths.
-    ``model`` is a :class:`~dsa_export.runtime.pipeline.PipelineSession` over decode or paged
+    ``model`` is a :class:`~dsa_export.stages.session.PipelineSession` over decode or paged
     graphs; ``on_tokens`` gets each step's ``[B]`` ids as soon as they are chosen (for streaming).
     """
     rows = prompt_rows(prompt_ids)
@@ -297,13 +297,13 @@ def recorded_checkpoint(path: str | Path) -> Path | None:
     whether or not it is still there (None when it records none)."""
     from dsa_export.export.exporter import META_SPEC
     from dsa_export.manifest import MANIFEST_NAME, read_manifest
-    from dsa_export.pipeline_record import PIPELINE_NAME
     from dsa_export.model_ref import ModelReference, from_metadata
+    from dsa_export.stages.record import PIPELINE_NAME
 
     path = Path(path)
     reference = None
     if path.is_dir() and (path / PIPELINE_NAME).is_file():
-        from dsa_export.pipeline_record import read_pipeline
+        from dsa_export.stages.record import read_pipeline
 
         record = read_pipeline(path).model
         if record:

@@ -21,7 +21,13 @@ from typing import Any
 from dsa_export import interrupts, quiet
 from dsa_export.errors import DSAUserError
 from dsa_export.integrity import REBUILD
-from dsa_export.manifest import Manifest, ORT_DIR, ORT_PROVIDER_OPTIONS, ORT_SESSION_NAME, TensorSpec
+from dsa_export.manifest import (
+    ORT_DIR,
+    ORT_PROVIDER_OPTIONS,
+    ORT_SESSION_NAME,
+    Manifest,
+    TensorSpec,
+)
 from dsa_export.runtime.session import Session
 
 #: Session options a session.json may set, and a check of each value.
@@ -239,7 +245,7 @@ class OrtSession(Session):
     def run_resident(self, feeds: dict[str, Any], keep: set[str], alias: dict[str, str] | None = None
                      ) -> dict[str, Any]:
         """Run with inputs that may be this session's own earlier outputs, kept as ONNX Runtime
-        values (the decode caches a pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`);
+        values (the decode caches a pipeline stage keeps, :class:`~dsa_export.stages.session.LocalStage`);
         the outputs named in ``keep`` come back as such values, the others as numpy. Through IO
         binding: a kept cache is never copied into or out of numpy between steps. Host inputs are
         checked as :meth:`run` checks them; kept ones are the session's own outputs.

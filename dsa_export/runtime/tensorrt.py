@@ -163,7 +163,7 @@ class EngineSession(Session):
     def run_resident(self, feeds: dict[str, Any], keep: set[str], alias: dict[str, str] | None = None
                      ) -> dict[str, Any]:
         """Run with inputs that may be torch tensors already on this GPU (the decode caches a
-        pipeline stage keeps, :class:`~dsa_export.runtime.pipeline.LocalStage`); the outputs named in
+        pipeline stage keeps, :class:`~dsa_export.stages.session.LocalStage`); the outputs named in
         ``keep`` stay there as torch tensors, the others come back as numpy. Host inputs are
         checked as :meth:`run` checks them; device ones are the engine's own earlier outputs.
 

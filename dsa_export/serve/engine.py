@@ -1,6 +1,6 @@
 """Continuous batching over a paged pipeline: :class:`ServingEngine`.
 
-One scheduler thread owns the model (a :class:`~dsa_export.runtime.pipeline.PipelineSession` over
+One scheduler thread owns the model (a :class:`~dsa_export.stages.session.PipelineSession` over
 paged graphs: a single export, a stage export or stage build, local or on Ray) and its page
 allocator. Requests join and leave at any step:
 
@@ -25,7 +25,7 @@ allocator. Requests join and leave at any step:
 * **Cancelled** requests (the client went away) leave at the start of the next step, pages freed.
 * **Failures.** A call that raises fails the requests of that call (500), frees their pages, and
   the engine goes on serving; :attr:`healthy` is False until a later call succeeds. A stage that
-  is gone for good (:class:`~dsa_export.runtime.pipeline.StageLostError`: its Ray actor died)
+  is gone for good (:class:`~dsa_export.stages.session.StageLostError`: its Ray actor died)
   fails every request with 503, stops accepting, and calls ``on_lost`` (``serve`` exits 1).
 * :meth:`stop` with ``drain=True`` refuses new requests and returns when every accepted one has
   finished (or the timeout passed: the rest then get an error).
@@ -49,9 +49,9 @@ import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.runtime.generate import SamplingSettings, choose_tokens
-from dsa_export.runtime.pipeline import StageLostError
 from dsa_export.serve.metrics import ServeMetrics
 from dsa_export.serve.text import IncrementalText, ServedTokenizer
+from dsa_export.stages.session import StageLostError
 
 log = logging.getLogger("dsa_export.serve")
 

@@ -38,8 +38,8 @@ from dsa_export.errors import DSAUserError
 from dsa_export.export.exporter import META_CONFIG, META_SETTINGS, META_SPEC
 from dsa_export.quiet import polygraphy_to_stderr
 from dsa_export.runtime.onnxrt import polygraphy_runner
-from dsa_export.validate.selections import LayerSelections, compare_selections
 from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
+from dsa_export.validate.selections import LayerSelections, compare_selections
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +331,8 @@ def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSet
             )
 
     from dsa_export.manifest import check_feeds, io_specs
-    from dsa_export.pipeline_record import verify_recorded_onnx
     from dsa_export.runtime.memory import dims_of, estimate, require_fits
+    from dsa_export.stages.record import verify_recorded_onnx
 
     verify_recorded_onnx(path, enabled=settings.verify)
     source = _reference_source(meta, settings, path, dtype)

@@ -132,7 +132,7 @@ def test_signals_during_export_validate_calibrate_and_bench(exported, tmp_path):
 
 
 def test_a_killed_build_leaves_a_folder_the_next_build_removes(exported, tmp_path):
-    from dsa_export.build.output_folder import prepare_output
+    from dsa_export.artifact.output_folder import prepare_output
 
     out = tmp_path / "k"
     env = dict(os.environ, PYTHONPATH=str(ROOT))

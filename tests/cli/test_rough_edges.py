@@ -97,7 +97,7 @@ def test_a_slow_import_is_waited_for_and_a_timeout_is_not_probed(monkeypatch):
 
 @pytest.mark.parametrize("extra,graph", [([], "decode"), (["--graph", "prefill"], "prefill")])
 def test_stage_export_writes_decode_graphs_by_default(monkeypatch, tmp_path, extra, graph):
-    from dsa_export.hf.plan import DEFAULT_MAX_SEQ
+    from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 
     seen = {}
 
@@ -105,7 +105,7 @@ def test_stage_export_writes_decode_graphs_by_default(monkeypatch, tmp_path, ext
         seen["settings"] = settings
         raise DSAUserError("stopped here by the test.")
 
-    monkeypatch.setattr("dsa_export.build.stages.export_stages", export_stages)
+    monkeypatch.setattr("dsa_export.stages.export.export_stages", export_stages)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     assert _main(["export", tmp_path / "ckpt", "--stages", "2", "-o", tmp_path / "out", *extra]) == 1
@@ -115,10 +115,10 @@ def test_stage_export_writes_decode_graphs_by_default(monkeypatch, tmp_path, ext
 def test_plan_export_and_build_share_the_max_seq_default():
     import inspect
 
-    from dsa_export.build.stage_build import build_stages
-    from dsa_export.build.stages import StageExportSettings
     from dsa_export.cli import build_cmd, export_cmd, plan_cmd
-    from dsa_export.hf.plan import DEFAULT_MAX_SEQ
+    from dsa_export.stages.builder import build_stages
+    from dsa_export.stages.export import StageExportSettings
+    from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 
     defaults = {name: next(p.default for p in module.command.params if p.name == "max_seq")
                 for name, module in (("plan", plan_cmd), ("export", export_cmd), ("build", build_cmd))}
@@ -152,8 +152,8 @@ def test_bench_json_is_one_flag_in_help_and_docs_and_the_old_forms_still_parse()
 
 
 def test_the_export_stage_prints_its_phases(monkeypatch, tmp_path):
-    from dsa_export.build import BuildSettings, build
-    from dsa_export.build.pipeline import EXPORT_TIME_NOTE
+    from dsa_export.artifact import BuildSettings, build
+    from dsa_export.artifact.builder import EXPORT_TIME_NOTE
     from dsa_export.compat.records import load_snapshot
 
     def export_model(source, settings, *, step=None):
@@ -186,7 +186,7 @@ def test_export_model_reports_each_phase(tmp_path):
 
 
 def test_the_documented_demo_time_is_the_one_the_build_prints():
-    from dsa_export.build.pipeline import EXPORT_TIME_NOTE
+    from dsa_export.artifact.builder import EXPORT_TIME_NOTE
 
     text = (ROOT / "docs" / "build.md").read_text()
     assert "20 to 40 s" not in text and "20–40 s" not in text
@@ -211,13 +211,13 @@ def test_run_of_a_bare_onnx_says_which_sizes_to_pass(tmp_path, capsys):
 @pytest.fixture()
 def no_checkpoint_reading(monkeypatch):
     monkeypatch.setattr("dsa_export.hf.loader.inspect_checkpoint", lambda path: SimpleNamespace(fp8=False))
-    monkeypatch.setattr("dsa_export.hf.plan.plan_stages", lambda *args, **kwargs: SimpleNamespace(stages=[]))
+    monkeypatch.setattr("dsa_export.stages.plan.plan_stages", lambda *args, **kwargs: SimpleNamespace(stages=[]))
 
 
 def test_a_stage_export_stopped_before_any_stage_removes_the_folder_it_made(no_checkpoint_reading, monkeypatch,
                                                                             tmp_path):
     from dsa_export import interrupts
-    from dsa_export.build import stages
+    from dsa_export.stages import export as stages
 
     out = tmp_path / "new" / "stages"
     registered = []
@@ -244,7 +244,7 @@ def test_a_stage_export_stopped_before_any_stage_removes_the_folder_it_made(no_c
 def test_a_stage_export_stopped_after_a_stage_keeps_it_for_the_next_run(no_checkpoint_reading, monkeypatch,
                                                                         tmp_path):
     from dsa_export import interrupts
-    from dsa_export.build import stages
+    from dsa_export.stages import export as stages
 
     out = tmp_path / "stages"
 
@@ -333,7 +333,7 @@ def test_calibration_data_of_the_wrong_kind_is_a_usage_error(tmp_path, capsys):
 
 def test_a_supplied_file_names_its_factory_where_it_is(tmp_path, monkeypatch):
     """The validate stage's note about a file whose reference is a factory names the factory's real path."""
-    from dsa_export.build import BuildSettings, build
+    from dsa_export.artifact import BuildSettings, build
     from dsa_export.compat.records import load_snapshot
 
     model = _linear_onnx(tmp_path / "a" / "m.onnx",

@@ -183,7 +183,7 @@ def test_verification_hashes_once_and_refuses_changes(demo_build, tmp_path, monk
 
 def test_a_stage_of_a_pipeline_is_verified_like_a_build(tmp_path):
     from dsa_export.fileio import file_record, sha256_file
-    from dsa_export.pipeline_record import StageFiles, verify_recorded_onnx
+    from dsa_export.stages.record import StageFiles, verify_recorded_onnx
 
     folder = tmp_path / "stages"
     (folder / "stage_00").mkdir(parents=True)

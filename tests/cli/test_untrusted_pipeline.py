@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsa_export.errors import DSAUserError
-from dsa_export.pipeline_record import PIPELINE_NAME, Pipeline, StageFiles, read_pipeline
+from dsa_export.stages.record import PIPELINE_NAME, Pipeline, StageFiles, read_pipeline
 
 PAYLOAD = "from pathlib import Path\n\ndef make(*a, **k):\n    Path(__file__).with_name('RAN').write_text('x')\n    raise SystemExit(0)\n"
 

@@ -1,5 +1,6 @@
 """Tiny random DeepSeek-V3.2 and GLM-5 checkpoints, written with transformers' save_pretrained."""
-# The real-width synthetic checkpoints (tests/hf/realwidth.py) are imported where used.
+# The real-width synthetic checkpoints (tests/hf/realwidth.py) are imported where used; the session
+# fixture `checkpoints` (one of each) is in tests/conftest.py, for tests/hf and tests/stages alike.
 
 from __future__ import annotations
 
@@ -39,15 +40,6 @@ def make_checkpoint(root, kind: str, *, layers: int = 3, index_topk: int = 8, se
     path = root / f"{kind}-L{layers}-k{index_topk}-s{seed}{suffix}"
     model.save_pretrained(path, safe_serialization=True)
     return path
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-    return {
-        "deepseek_v32": make_checkpoint(root, "deepseek_v32", layers=3, index_topk=8),
-        "glm_moe_dsa": make_checkpoint(root, "glm_moe_dsa", layers=4, index_topk=8),
-    }
 
 
 def make_fp8_checkpoint(root, source, block: int = 16):

@@ -116,7 +116,7 @@ def greedy_generate(path, prompt: np.ndarray, max_new_tokens: int) -> np.ndarray
     """The decode graph at ``path`` driven greedily on ONNX Runtime (no end-of-sequence id)."""
     from dsa_export.runtime import load
     from dsa_export.runtime.generate import SamplingSettings, generate
-    from dsa_export.runtime.pipeline import PipelineSession
+    from dsa_export.stages.session import PipelineSession
 
     model = PipelineSession.of_session(load(path, "onnxruntime"))
     try:

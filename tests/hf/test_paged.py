@@ -58,7 +58,7 @@ def paged_exports(checkpoints, tmp_path_factory):
 
 def _open(path):
     from dsa_export.runtime import load
-    from dsa_export.runtime.pipeline import PipelineSession
+    from dsa_export.stages.session import PipelineSession
 
     return PipelineSession.of_session(load(path, "onnxruntime"))
 
@@ -134,7 +134,7 @@ def test_pools_are_written_in_place(paged_exports):
 
 
 def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp_path):
-    from tests.runtime.test_pipeline import _cli
+    from tests.stages.test_session import _cli
 
     checkpoint = checkpoints["glm_moe_dsa"]
     out = tmp_path / "build"
@@ -167,7 +167,7 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
 
 def test_repeated_prompts_print_each_continuation(checkpoints, paged_exports, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    from tests.runtime.test_pipeline import _cli, word_tokenizer
+    from tests.stages.test_session import _cli, word_tokenizer
 
     word_tokenizer(tokenizers, tmp_path / "tokenizer.json")
     prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8]]

@@ -144,8 +144,8 @@ def test_half_precision_exports(checkpoints, tmp_path, kind, dtype):
 def test_stages_chain_to_the_full_model_and_resume(checkpoints, tmp_path):
     """GLM-5 (layers full, shared, full, shared) in 3 stages: hidden states and, where a stage
     starts at a shared layer, the top-k selection flow between stages as pipeline.json says."""
-    from dsa_export.build.stages import StageExportSettings, export_stages
-    from dsa_export.pipeline_record import read_pipeline
+    from dsa_export.stages.export import StageExportSettings, export_stages
+    from dsa_export.stages.record import read_pipeline
 
     path = checkpoints["glm_moe_dsa"]
     pipeline, outcomes = export_stages(path, tmp_path / "stages", StageExportSettings(stages=3), progress=False)

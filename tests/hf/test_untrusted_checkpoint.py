@@ -278,7 +278,7 @@ def test_a_good_index_and_inner_dotdot_are_read(checkpoints, tmp_path):
     (folder / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     ckpt = SafetensorsCheckpoint(folder)
     assert ckpt.shards == [SHARD] and ckpt.info(WEIGHT).shape == (48, 64)
-    from dsa_export.hf.plan import plan_stages
+    from dsa_export.stages.plan import plan_stages
 
     assert plan_stages(folder, gpu_memory_bytes="141GiB").weights_source.startswith("safetensors headers")
 
@@ -293,7 +293,7 @@ def test_hugging_face_cache_snapshot_links_are_followed(checkpoints, tmp_path):
         shutil.copy(file, blobs / f"blob-{file.name}")
         (snapshot / file.name).symlink_to(Path("../../blobs") / f"blob-{file.name}")
     assert SafetensorsCheckpoint(snapshot).info(WEIGHT).shape == (48, 64)
-    from dsa_export.hf.plan import plan_stages
+    from dsa_export.stages.plan import plan_stages
 
     plan_stages(snapshot, gpu_memory_bytes="141GiB")
     # ... but a snapshot link to anywhere else is still refused.

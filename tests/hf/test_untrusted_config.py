@@ -354,7 +354,7 @@ def test_published_and_synthetic_configs_pass(kind):
 @pytest.mark.parametrize("kind", [V32, GLM])
 def test_tiny_configs_pass(tmp_path, kind):
     from dsa_export.hf.loader import inspect_checkpoint
-    from dsa_export.hf.plan import plan_stages
+    from dsa_export.stages.plan import plan_stages
 
     folder = write_tiny(tmp_path / kind, kind)
     assert inspect_checkpoint(folder).num_layers == TINY[kind]["num_hidden_layers"]

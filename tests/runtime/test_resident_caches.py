@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from dsa_export.errors import DSAUserError
 from dsa_export.runtime.generate import SamplingSettings, generate
 from dsa_export.runtime.onnxrt import OnnxFileSession
-from dsa_export.runtime.pipeline import PipelineSession
+from dsa_export.stages.session import PipelineSession
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -132,7 +132,7 @@ def test_plain_onnx_and_wrong_kinds(exported, demo_build):
 
 def test_importing_the_runtime_and_build_stays_light():
     code = (
-        "import sys, dsa_export.runtime, dsa_export.manifest, dsa_export.build, dsa_export.trt.tensorrt;"
+        "import sys, dsa_export.runtime, dsa_export.manifest, dsa_export.artifact, dsa_export.trt.tensorrt;"
         "heavy = [m for m in ('torch', 'onnxruntime', 'tensorrt', 'tensorrt_rtx_bindings') if m in sys.modules];"
         "print(heavy)"
     )

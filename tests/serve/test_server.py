@@ -260,9 +260,9 @@ def test_engine_failure_fails_that_calls_requests_and_keeps_serving(checkpoint_a
     """A model call that raises fails the requests in it (500), frees their pages, and the next
     request is served (in process: a wrapper makes the third call raise)."""
     from dsa_export.runtime import load
-    from dsa_export.runtime.pipeline import PipelineSession
     from dsa_export.serve.engine import Request, RequestParams, ServingEngine
     from dsa_export.serve.text import ServedTokenizer
+    from dsa_export.stages.session import PipelineSession
 
     checkpoint, onnx = checkpoint_and_export
     model = PipelineSession.of_session(load(onnx, "onnxruntime"))
@@ -363,7 +363,7 @@ def test_cli_refusals_are_one_sentence(checkpoint_and_export, tmp_path):
 
     from dsa_export.errors import DSAUserError
     from dsa_export.serve.engine import ServingEngine
-    from tests.runtime.test_pipeline import _cli
+    from tests.stages.test_session import _cli
 
     _checkpoint, onnx = checkpoint_and_export
     with socket.socket() as busy:
@@ -390,7 +390,7 @@ def test_serving_stages_in_ray_actors_and_losing_one(checkpoint_and_export, hf_m
     """``serve STAGES --ray auto``: ragged concurrent prompts get transformers' text; when a stage's
     actor process is killed, the request in flight gets 503 and the server exits 1 in one sentence."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    from tests.runtime.test_pipeline import _cli
+    from tests.stages.test_session import _cli
 
     checkpoint, _onnx = checkpoint_and_export
     stages = tmp_path / "stages"

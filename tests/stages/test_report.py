@@ -1,4 +1,4 @@
-"""The whole-pipeline accuracy report of quantized stage builds (``dsa_export/build/pipeline_report.py``).
+"""The whole-pipeline accuracy report of quantized stage builds (``dsa_export/stages/report.py``).
 
 Two tiny quantized stage builds are shared by the module (DeepSeek-V3.2 as INT8 decode stages,
 GLM-5 as FP8 paged stages), calibrated by a recipe placed like the bundled ones that takes 4
@@ -23,7 +23,7 @@ GREEDY_TOKENS = 6  # the direct calls (the build decodes DEFAULT_TOKENS)
 
 
 def _cli(*args):
-    from tests.runtime.test_pipeline import _cli as run
+    from tests.stages.test_session import _cli as run
 
     return run(*args)
 
@@ -100,7 +100,7 @@ def _held_out(build):
 def _indexer_nodes(folder):
     import onnx
 
-    from dsa_export.pipeline_record import read_pipeline
+    from dsa_export.stages.record import read_pipeline
 
     count = 0
     for stage in read_pipeline(folder).stages:
@@ -110,8 +110,8 @@ def _indexer_nodes(folder):
 
 
 def test_the_build_writes_the_pipeline_report(build):
-    from dsa_export.build.pipeline_report import GREEDY_AGREEMENT
-    from dsa_export.pipeline_record import read_pipeline
+    from dsa_export.stages.record import read_pipeline
+    from dsa_export.stages.report import GREEDY_AGREEMENT
 
     out, result = build["out"], build["result"]
     report = _report(build)
@@ -157,7 +157,7 @@ def test_the_build_writes_the_pipeline_report(build):
 
 def test_the_float_stages_against_themselves_agree_exactly(build, tmp_path):
     """The harness itself adds nothing: the export compared with itself is equal everywhere."""
-    from dsa_export.build.pipeline_report import pipeline_report
+    from dsa_export.stages.report import pipeline_report
 
     export = build["out"] / "export"
     report = pipeline_report(export, export, _held_out(build), GREEDY_TOKENS, scratch=tmp_path)
@@ -176,7 +176,7 @@ def test_teacher_forcing_finds_where_free_running_decoding_diverges(build):
     """Greedy decoding of the quantized build on its own leaves the float tokens exactly where the
     report's forced run first disagrees."""
     from dsa_export.runtime.generate import SamplingSettings, generate
-    from dsa_export.runtime.pipeline import PipelineSession
+    from dsa_export.stages.session import PipelineSession
 
     report = _report(build)
     settings = SamplingSettings(max_new_tokens=16)
@@ -216,7 +216,7 @@ def _break_stage(stage_folder, weight):
 def test_a_broken_stage_fails_the_report_and_the_build(decode_build, tmp_path):
     """A sign-flipped attention output of the first layer in the kept stage 0: the resumed build
     computes the report (none is there), which fails, and exits 1 with the files kept."""
-    from dsa_export.pipeline_record import read_pipeline
+    from dsa_export.stages.record import read_pipeline
 
     out = decode_build["out"]
     stage = out / "stage_00"
@@ -259,8 +259,8 @@ def test_a_resumed_build_keeps_the_report(decode_build):
 def test_running_sums_give_the_reports_cosine_and_sqnr():
     """Logits are compared sample by sample without holding them all; the sums give what the
     per-stage report's functions give for all samples as one array."""
-    from dsa_export.build.pipeline_report import _Logits
     from dsa_export.quantize.report import cosine, sqnr_db
+    from dsa_export.stages.report import _Logits
 
     rng = np.random.default_rng(3)
     refs = [rng.normal(size=(2, n, 7)).astype(np.float32) for n in (3, 5)]

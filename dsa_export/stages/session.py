@@ -1,6 +1,6 @@
 """Run a model cut into pipeline stages: :class:`PipelineSession`.
 
-A pipeline folder holds ``pipeline.json`` (:class:`dsa_export.pipeline_record.Pipeline`): the stages in
+A pipeline folder holds ``pipeline.json`` (:class:`dsa_export.stages.record.Pipeline`): the stages in
 order, what each hands to the next (``links``: ``hidden_states_out`` -> ``hidden_states``, GLM-5's
 ``topk_indices`` -> ``prev_topk_indices``) and, in a stage build, each stage's build folder and GPU.
 Every stage is opened like one model (:func:`dsa_export.runtime.load`): its engine on its own GPU
@@ -24,7 +24,7 @@ while stage ``i + 1`` computes part ``m``, so ``n`` parts over ``k`` stages take
 ``(n + k - 1) / (n * k)`` of the serial time when the stages are balanced.
 
 The stage runners (:class:`LocalStage`) are the same in this process and inside a Ray actor
-(:mod:`dsa_export.runtime.ray_pipeline`); only the handle that schedules them differs.
+(:mod:`dsa_export.stages.ray_actors`); only the handle that schedules them differs.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.manifest import TensorSpec, check_feeds
-from dsa_export.pipeline_record import Pipeline, StageFiles, read_pipeline
 from dsa_export.runtime.paged import (
     PAST,
     PRESENT,
@@ -50,6 +49,7 @@ from dsa_export.runtime.paged import (
     pool_inputs,
 )
 from dsa_export.runtime.session import RUNTIME_CHOICES, Session
+from dsa_export.stages.record import Pipeline, StageFiles, read_pipeline
 
 
 class StageLostError(DSAUserError):
@@ -481,7 +481,7 @@ def _check_device(what: str, device: int, *, required: bool) -> None:
 
 
 def is_pipeline(path: str | Path) -> bool:
-    from dsa_export.pipeline_record import PIPELINE_NAME
+    from dsa_export.stages.record import PIPELINE_NAME
 
     path = Path(path)
     return (path / PIPELINE_NAME).is_file() if path.is_dir() else path.name == PIPELINE_NAME

@@ -4,17 +4,24 @@ Importing this package imports neither torch, onnxruntime nor TensorRT; each sta
 needs when it runs. The manifest schema it writes lives in :mod:`dsa_export.manifest`.
 """
 
-from dsa_export.build.pipeline import STAGES, BackendPlan, BuildResult, StageRecord, build, plan_backends
-from dsa_export.build.settings import BACKENDS, PRECISIONS, BuildSettings, parse_shape_ranges
+from dsa_export.artifact.builder import (
+    STEPS,
+    BackendPlan,
+    BuildResult,
+    StepRecord,
+    build,
+    plan_backends,
+)
+from dsa_export.artifact.settings import BACKENDS, PRECISIONS, BuildSettings, parse_shape_ranges
 
 __all__ = [
     "BACKENDS",
     "PRECISIONS",
-    "STAGES",
+    "STEPS",
     "BackendPlan",
     "BuildResult",
     "BuildSettings",
-    "StageRecord",
+    "StepRecord",
     "build",
     "parse_shape_ranges",
     "plan_backends",

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from dsa_export.build import BuildSettings, build
+from dsa_export.artifact import BuildSettings, build
 from dsa_export.runtime import load
 
 

@@ -1,8 +1,8 @@
 """Build a model cut into pipeline stages: one build folder (engine + ONNX Runtime artifact) per stage.
 
 ``dsa-export build HF_DIR --stages auto|N -o DIR`` exports the stages' decode graphs into
-``DIR/export`` (:func:`dsa_export.build.stages.export_stages`, resumable), then builds each stage
-into ``DIR/stage_KK`` with the ordinary build (:func:`dsa_export.build.build`: validate, check,
+``DIR/export`` (:func:`dsa_export.stages.export.export_stages`, resumable), then builds each stage
+into ``DIR/stage_KK`` with the ordinary build (:func:`dsa_export.artifact.build`: validate, check,
 engine, ONNX Runtime artifact, each stage folder renamed into place when it is complete). A stage
 export folder made earlier (``export --stages --graph decode``) can be given instead of HF_DIR.
 
@@ -15,9 +15,9 @@ stage, so an interrupted build resumes: a stage whose ONNX files and build setti
 (its ``build_key``) and whose build folder still verifies is kept.
 
 With ``--precision int8|fp8`` every stage is calibrated on what the float stages before it produce
-(:mod:`dsa_export.build.stage_calibration`), and once all are built the quantized stages are run
+(:mod:`dsa_export.stages.calibration`), and once all are built the quantized stages are run
 chained against the float ones on the held-out calibration files
-(:mod:`dsa_export.build.pipeline_report`, ``DIR/calibration/pipeline_report.json``).
+(:mod:`dsa_export.stages.report`, ``DIR/calibration/pipeline_report.json``).
 
 With ``ray`` (an address, or ``auto``), every stage is built by a Ray task on a node with a GPU of
 its own (``num_gpus=1`` when the cluster has GPUs: an engine must be built on the GPU type it runs
@@ -37,15 +37,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from dsa_export import __version__
-from dsa_export.build.settings import BuildSettings
+from dsa_export.artifact.settings import BuildSettings
 from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from dsa_export.pipeline_record import PIPELINE_NAME, Pipeline, read_pipeline
+from dsa_export.stages.plan import DEFAULT_MAX_SEQ
+from dsa_export.stages.record import PIPELINE_NAME, Pipeline, read_pipeline
 from dsa_export.trt.profiles import ShapeRange
 
 if TYPE_CHECKING:
-    from dsa_export.build.pipeline_report import PipelineReport
+    from dsa_export.stages.report import PipelineReport
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _kept(folder: Path, previous, key: str) -> bool:
 
 def build_one_stage(settings: BuildSettings) -> list[str]:
     """One stage's build (also the body of the Ray task); returns the backends built."""
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     manifest = build(settings, log=lambda line: log.info("%s", line)).manifest
     engine = (manifest.get("engine") or {}).get("backend")
@@ -161,10 +161,10 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                  ) -> tuple[Pipeline, list[StageBuildOutcome], PipelineReport | None]:
     """Export (from an HF directory, ``graph`` decode or paged) and build every stage of ``model``
     into ``output``. An int8/fp8 build also returns its whole-pipeline accuracy report
-    (:mod:`dsa_export.build.pipeline_report`; None when no calibration file was held out), written
+    (:mod:`dsa_export.stages.report`; None when no calibration file was held out), written
     to ``output/calibration/pipeline_report.json``; the caller decides what a failing one means."""
-    from dsa_export.build.stages import StageExportSettings, export_stages
     from dsa_export.export.settings import ExportSettings
+    from dsa_export.stages.export import StageExportSettings, export_stages
 
     model, output = Path(model), Path(output)
     if output.exists() and not output.is_dir():
@@ -268,7 +268,7 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
     outcomes.sort(key=lambda o: o.index)
     report = None
     if calibration is not None:  # the quantized stages chained, against the float stages
-        from dsa_export.build.pipeline_report import stage_build_report
+        from dsa_export.stages.report import stage_build_report
 
         report = stage_build_report(export_folder, output, Path(str(settings.calibration_data)), calibration[0].parent,
                                     entries, kept=all(o.status == "kept" for o in outcomes), say=say)
@@ -278,9 +278,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
 def _calibration_feeds(export_folder: Path, exported, settings: BuildSettings, output: Path,
                        say: Callable[[str], None]) -> list[Path]:
     """Every stage's calibration feeds, made from the user's token ids by running the exported
-    stages in order (:mod:`dsa_export.build.stage_calibration`); kept under
+    stages in order (:mod:`dsa_export.stages.calibration`); kept under
     ``output/calibration/<digest of the data>/`` so that a resumed build reuses them."""
-    from dsa_export.build.stage_calibration import CALIBRATION_DIR, data_digest, stage_calibration_data
+    from dsa_export.stages.calibration import CALIBRATION_DIR, data_digest, stage_calibration_data
 
     data = settings.calibration_data
     if not data or data == "builtin" or ".py" in data:
@@ -303,7 +303,7 @@ def _relative_model(model: dict, export_folder: Path, output: Path) -> dict:
 
 
 def _build_on_ray(address: str, jobs, entries, say: Callable[[str], None]) -> list[StageBuildOutcome]:
-    from dsa_export.runtime.ray_pipeline import connect
+    from dsa_export.stages.ray_actors import connect
 
     ray = connect(address)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0

@@ -27,8 +27,8 @@ import numpy as np
 
 from dsa_export.errors import DSAUserError
 from dsa_export.manifest import TensorSpec
-from dsa_export.pipeline_record import Pipeline
 from dsa_export.runtime.generate import read_input_ids
+from dsa_export.stages.record import Pipeline
 
 #: Where a stage build keeps its stages' calibration feeds (one folder per data digest).
 CALIBRATION_DIR = "calibration"
@@ -115,7 +115,7 @@ def stage_calibration_data(folder: Path, pipeline: Pipeline, data: Path, output:
     return those folders, in stage order. ``folder`` holds the exported stages of ``pipeline``."""
     from dsa_export.fileio import atomic_output
     from dsa_export.runtime.paged import page_size
-    from dsa_export.runtime.pipeline import open_stage
+    from dsa_export.stages.session import open_stage
 
     samples = _samples(Path(data))
     page = page_size(pipeline.stages[0].inputs) if pipeline.graph == "paged" else None

@@ -56,7 +56,7 @@ def test_demo_build_has_every_artifact(demo_build):
         assert "TensorRT-RTX" in manifest["backend_choice"]["reason"]
     else:
         assert manifest["backends"] == ["onnxruntime"] and manifest["engine"] is None
-    assert [s["name"] for s in manifest["stages"]] == ["export", "validate", "calibrate", "check", "engine"]
+    assert [s["name"] for s in manifest["steps"]] == ["export", "validate", "calibrate", "check", "engine"]
     assert any(line.startswith("[5/5] engine: done") for line in lines)
     table = result.summary_table()
     assert "calibrate  skipped" in table and "Built " in table
@@ -75,29 +75,29 @@ def test_the_engine_gate_reads_the_manifest(demo_build):
 
 
 def _quick(out: Path, source: Path, **kw):
-    from dsa_export.build import BuildSettings
+    from dsa_export.artifact import BuildSettings
 
     return BuildSettings(model=str(source), output=out, validate=False, backend="onnxruntime", **kw)
 
 
 @pytest.mark.parametrize("error", [RuntimeError("disk full"), KeyboardInterrupt()])
 def test_a_failing_stage_leaves_no_output(tmp_path, exported, monkeypatch, error):
-    from dsa_export.build import build, pipeline
+    from dsa_export.artifact import build, builder
 
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr("dsa_export.build.onnxrt.write_artifact", fail)
+    monkeypatch.setattr("dsa_export.artifact.onnxrt.write_artifact", fail)
     out = tmp_path / "out"
     with pytest.raises(type(error)):
         build(_quick(out, exported["plugin"]), log=lambda line: None)
     assert not out.exists()
     assert _leftovers(tmp_path, "out") == []
-    assert pipeline.STAGES[-1] == "engine"
+    assert pipeline.STEPS[-1] == "engine"
 
 
 def test_a_failed_rebuild_keeps_the_previous_build(tmp_path, exported, monkeypatch):
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     out = tmp_path / "out"
     build(_quick(out, exported["plugin"]), log=lambda line: None)
@@ -106,7 +106,7 @@ def test_a_failed_rebuild_keeps_the_previous_build(tmp_path, exported, monkeypat
     def fail(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("dsa_export.build.onnxrt.write_artifact", fail)
+    monkeypatch.setattr("dsa_export.artifact.onnxrt.write_artifact", fail)
     with pytest.raises(RuntimeError):
         build(_quick(out, exported["plugin"]), log=lambda line: None)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
@@ -137,7 +137,7 @@ def test_a_signal_during_export_leaves_nothing(tmp_path, signum):
 
 
 def test_a_foreign_non_empty_folder_is_not_replaced(tmp_path, exported):
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     out = tmp_path / "mine"
     out.mkdir()
@@ -148,7 +148,7 @@ def test_a_foreign_non_empty_folder_is_not_replaced(tmp_path, exported):
 
 
 def test_int8_without_the_quantize_package_says_so(tmp_path, exported, monkeypatch):
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     monkeypatch.setitem(sys.modules, "dsa_export.quantize", None)  # as in an install without it
     out = tmp_path / "q"
@@ -162,7 +162,7 @@ def test_int8_build_with_the_quantize_package(tmp_path, exported):
 
     if importlib.util.find_spec("dsa_export.quantize") is None:
         pytest.skip("the calibration package dsa_export.quantize is not installed")
-    from dsa_export.build import build
+    from dsa_export.artifact import build
     from dsa_export.runtime import load
 
     out = tmp_path / "int8"
@@ -182,7 +182,7 @@ def test_ort_artifact_falls_back_to_the_plain_file(tmp_path, exported, monkeypat
     """When ONNX Runtime cannot serialize its optimized graph the artifact uses model.onnx and says so."""
     import onnxruntime
 
-    from dsa_export.build import build
+    from dsa_export.artifact import build
     from dsa_export.runtime import load
 
     real = onnxruntime.InferenceSession
@@ -211,7 +211,7 @@ def test_calibrate_stage_through_the_adapter(tmp_path, exported, monkeypatch):
 
     import onnx
 
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     calls = {}
     fake = types.ModuleType("dsa_export.quantize")
@@ -241,7 +241,7 @@ def test_calibrate_stage_through_the_adapter(tmp_path, exported, monkeypatch):
         seen["engine_input"] = onnx_path.name
         return {"optimized_model": None, "notes": []}
 
-    monkeypatch.setattr("dsa_export.build.onnxrt.write_artifact", record)
+    monkeypatch.setattr("dsa_export.artifact.onnxrt.write_artifact", record)
     result = build(_quick(tmp_path / "q", exported["plugin"], precision="int8"), log=lambda line: None)
     assert calls["settings"] == {"precision": "int8", "data": "builtin"}
     assert seen["engine_input"] == "model.qdq.onnx"
@@ -252,7 +252,7 @@ def test_calibrate_stage_through_the_adapter(tmp_path, exported, monkeypatch):
 
 
 def test_a_supplied_file_keeps_its_precision(tmp_path, exported):
-    from dsa_export.build import build
+    from dsa_export.artifact import build
 
     with pytest.raises(DSAUserError, match="is fp32 but --precision fp16 was asked"):
         build(_quick(tmp_path / "a", exported["plugin"], precision="fp16"), log=lambda line: None)
@@ -260,7 +260,7 @@ def test_a_supplied_file_keeps_its_precision(tmp_path, exported):
 
 
 def test_a_blocked_backend_fails_before_exporting(tmp_path, monkeypatch):
-    from dsa_export.build import BuildSettings, build
+    from dsa_export.artifact import BuildSettings, build
     from tests.compat.helpers import fixture_probe
 
     def no_export(*args, **kwargs):

@@ -1,6 +1,6 @@
 """The build's output folder: the temporary sibling a build writes into, the file records of the
 manifest, linking or copying external data beside the model, and the rename onto OUTDIR that makes
-a build appear whole or not at all (see :mod:`dsa_export.build.pipeline`).
+a build appear whole or not at all (see :mod:`dsa_export.artifact.builder`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def link_external_data(src: Path, work: Path, *, copy: bool = False) -> list[str
     else (or with ``copy``) copies. Digests known from the export's record go into the build
     folder's cache."""
     from dsa_export.integrity import confined, external_data_files, remember_hashes
-    from dsa_export.pipeline_record import recorded_digests
+    from dsa_export.stages.record import recorded_digests
 
     locations = external_data_files(src)
     digests = recorded_digests(src) if locations else {}

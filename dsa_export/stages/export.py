@@ -1,6 +1,6 @@
 """Export a checkpoint as pipeline stages: one ONNX file per stage and ``pipeline.json`` on top.
 
-The stage split comes from the planner (:func:`dsa_export.hf.plan.plan_stages`: contiguous layer
+The stage split comes from the planner (:func:`dsa_export.stages.plan.plan_stages`: contiguous layer
 ranges that fit a GPU, or N balanced stages). Stages are exported one at a time, each streamed from
 the safetensors (about one layer plus one tensor block in memory, whatever the model), into
 ``DIR/stage_KK/model.onnx`` (+ ``model.onnx.data``). ``pipeline.json`` is rewritten atomically
@@ -25,10 +25,10 @@ from dsa_export import __version__, interrupts
 from dsa_export.errors import DSAUserError
 from dsa_export.export.settings import ExportSettings
 from dsa_export.fileio import make_parents, sha256_file
-from dsa_export.hf.plan import DEFAULT_MAX_SEQ
 from dsa_export.integrity import remember_hashes
 from dsa_export.manifest import ONNX_NAME, TensorSpec, write_manifest
-from dsa_export.pipeline_record import PIPELINE_NAME, Pipeline, StageFiles, StageLink, read_pipeline
+from dsa_export.stages.plan import DEFAULT_MAX_SEQ
+from dsa_export.stages.record import PIPELINE_NAME, Pipeline, StageFiles, StageLink, read_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
                   *, progress: bool = True) -> tuple[Pipeline, list[StageOutcome]]:
     """Plan, then export every stage of ``checkpoint_dir`` into ``out_dir``; returns the pipeline."""
     from dsa_export.hf.loader import inspect_checkpoint
-    from dsa_export.hf.plan import plan_stages
+    from dsa_export.stages.plan import plan_stages
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     ckpt = inspect_checkpoint(checkpoint_dir)
@@ -245,13 +245,12 @@ def _write(out_dir: Path, whole, ckpt, settings: StageExportSettings, plan_data:
 
 def _export_one(reference, settings: StageExportSettings, path: Path, index: int, count: int,
                 progress_bytes: int | None):
-    from dsa_export.export.exporter import export_to_file
-    from dsa_export.sources import resolve
-
     import sys
 
     from dsa_export.errors import trace_errors
+    from dsa_export.export.exporter import export_to_file
     from dsa_export.quiet import progress_bars, third_party_output
+    from dsa_export.sources import resolve
 
     source = resolve(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
                      seed=settings.export.seed, dtype=settings.export.dtype)

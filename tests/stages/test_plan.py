@@ -13,10 +13,10 @@ import time
 import pytest
 
 from dsa_export.errors import DSAUsageError, DSAUserError
-from dsa_export.hf import plan as P
 from dsa_export.hf import sizes as S
 from dsa_export.hf.checkpoint import INDEX_NAME, read_header
-from dsa_export.hf.plan import Plan, parse_size, plan_stages
+from dsa_export.stages import plan as P
+from dsa_export.stages.plan import Plan, parse_size, plan_stages
 
 GIB = 1 << 30
 

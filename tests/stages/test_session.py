@@ -22,7 +22,7 @@ from dsa_export.cli.main import main
 from dsa_export.errors import DSAUserError
 from dsa_export.manifest import TensorSpec
 from dsa_export.runtime.generate import SamplingSettings, choose_tokens, generate
-from dsa_export.runtime.pipeline import LocalStage, PipelineSession, ThreadStage
+from dsa_export.stages.session import LocalStage, PipelineSession, ThreadStage
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -156,7 +156,7 @@ def _full_feeds(session: PipelineSession, prompt: np.ndarray) -> dict[str, np.nd
 
 
 def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
-    from dsa_export.runtime.ray_pipeline import open_on_ray
+    from dsa_export.stages.ray_actors import open_on_ray
 
     _checkpoint, out, stages = builds["glm_moe_dsa", 3]
     local, remote = PipelineSession.open(out), open_on_ray(out)
@@ -174,7 +174,7 @@ def test_ray_and_local_pipelines_give_identical_logits(builds, ray_cluster):
 
 
 def test_a_stage_actor_killed_mid_run_is_one_clear_error(builds, ray_cluster):
-    from dsa_export.runtime.ray_pipeline import open_on_ray
+    from dsa_export.stages.ray_actors import open_on_ray
 
     _checkpoint, out, _stages = builds["glm_moe_dsa", 3]
     # The stage export: no profile limits the length, so the run is still going when the actor dies.
@@ -260,7 +260,7 @@ class _Sleeper:
 
 
 def _sleeper_pipeline(seconds: float) -> PipelineSession:
-    from dsa_export.pipeline_record import Pipeline, StageFiles, StageLink
+    from dsa_export.stages.record import Pipeline, StageFiles, StageLink
 
     stages = [_Sleeper(seconds, True), _Sleeper(seconds, False)]
     files = [StageFiles(index=i, layers=(i, i + 1), embed=i == 0, head=i == 1, onnx="", data=None, sha256={}, sizes={},
@@ -268,7 +268,7 @@ def _sleeper_pipeline(seconds: float) -> PipelineSession:
              for i, s in enumerate(stages)]
     pipeline = Pipeline(model={}, model_type="", num_layers=2, graph="prefill", settings={}, plan={}, stages=files,
                         links=[StageLink(0, 1, "h", "h")], tool_version="")
-    from dsa_export.runtime.pipeline import InLink
+    from dsa_export.stages.session import InLink
 
     handles = [ThreadStage(LocalStage(0, stages[0], [], "host")),
                ThreadStage(LocalStage(1, stages[1], [InLink(0, "h", "h")], "host"))]

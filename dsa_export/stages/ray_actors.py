@@ -1,7 +1,7 @@
 """The stages of a pipeline in Ray actors, one per stage, on whichever node has its GPU.
 
-:func:`open_on_ray` returns the same :class:`~dsa_export.runtime.pipeline.PipelineSession` as the
-local pipeline, with each stage's :class:`~dsa_export.runtime.pipeline.LocalStage` living in an
+:func:`open_on_ray` returns the same :class:`~dsa_export.stages.session.PipelineSession` as the
+local pipeline, with each stage's :class:`~dsa_export.stages.session.LocalStage` living in an
 actor: the actor asks for one GPU (``num_gpus=1``) when the cluster has GPUs, opens the stage there
 (Ray makes the GPU it was given ``cuda:0`` for the actor) and keeps the stage's decode caches.
 Activations move from actor to actor through Ray's object store: a stage's call takes the previous
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dsa_export.errors import DSAUserError, require
-from dsa_export.runtime.pipeline import StageLostError
+from dsa_export.stages.session import StageLostError
 
 INSTALL = 'pip install "dsa-export[ray]"'
 
@@ -57,8 +57,8 @@ class _StageActor:
     """The body of a stage's actor (made a Ray actor class by :func:`_actor_class`)."""
 
     def __init__(self, folder: str, stage: dict, links: list, runtime: str, verify: bool, threads: int | None):
-        from dsa_export.pipeline_record import StageFiles
-        from dsa_export.runtime.pipeline import InLink, LocalStage, _where, open_stage
+        from dsa_export.stages.record import StageFiles
+        from dsa_export.stages.session import InLink, LocalStage, _where, open_stage
 
         files = StageFiles.from_dict(stage)
         session = open_stage(Path(folder), files, runtime, 0, verify=verify, threads=threads)
@@ -148,8 +148,8 @@ class RayStage:
 def open_on_ray(folder: str | Path, address: str = "auto", runtime: str = "auto", *, verify: bool = True,
                 threads: int | None = None, timeout: float | None = 600.0, num_cpus: int | None = None):
     """Open every stage of ``folder`` in its own Ray actor; returns a PipelineSession."""
-    from dsa_export.pipeline_record import read_pipeline
-    from dsa_export.runtime.pipeline import PipelineSession, stage_inputs
+    from dsa_export.stages.record import read_pipeline
+    from dsa_export.stages.session import PipelineSession, stage_inputs
 
     folder = Path(folder).resolve()
     pipeline = read_pipeline(folder)

@@ -19,7 +19,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 
 def _cli(*args):
-    from tests.runtime.test_pipeline import _cli as run
+    from tests.stages.test_session import _cli as run
 
     return run(*args)
 
@@ -40,8 +40,8 @@ def calibration_data(tmp_path_factory):
 def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_data, kind, graph, precision, caplog):
     import onnx
 
-    from dsa_export.pipeline_record import read_pipeline
     from dsa_export.runtime import load
+    from dsa_export.stages.record import read_pipeline
     from tests.hf.conftest import make_checkpoint
 
     checkpoint = make_checkpoint(tmp_path, kind, layers=4, index_topk=8)
@@ -50,7 +50,7 @@ def test_each_stage_is_calibrated_on_the_stages_before_it(tmp_path, calibration_
                   "--calibration-data", calibration_data, "--max-batch", 2, "--max-seq", 64, "-o", out, "--json")
     assert result.exit_code == 0, result.output
     # The six files all went to calibration (the recipe takes up to 512), so none is left for the
-    # whole-pipeline report: one warning, no report (tests/build/test_pipeline_report.py has one).
+    # whole-pipeline report: one warning, no report (tests/stages/test_report.py has one).
     assert not (out / "calibration" / "pipeline_report.json").exists()
     warned = [r.getMessage() for r in caplog.records if "whole-pipeline" in r.getMessage()]
     assert warned == [("no whole-pipeline accuracy report: no calibration file was held out from every stage's "
@@ -101,7 +101,7 @@ def test_quantized_stage_builds_need_token_ids(tmp_path):
 def test_an_fp8_checkpoint_is_calibrated_not_taken_as_calibrated(tmp_path, calibration_data):
     """An FP8 checkpoint's weights are DequantizeLinear nodes, not a calibration: its int8 stage
     build exports the weights dequantized, calibrates every stage and quantizes them again."""
-    from dsa_export.pipeline_record import read_pipeline
+    from dsa_export.stages.record import read_pipeline
     from tests.hf.conftest import make_checkpoint, make_fp8_checkpoint
 
     fp8, _weights = make_fp8_checkpoint(tmp_path, make_checkpoint(tmp_path, "deepseek_v32", layers=2, index_topk=8))
@@ -118,9 +118,9 @@ def test_a_moved_stage_build_keeps_its_build_keys(tmp_path):
     """Calibration feeds inside the stage build count by their path relative to it (which names the
     data by digest), so a moved or copied stage build keeps its stages on resume; feeds elsewhere,
     or other data, give other keys."""
-    from dsa_export.build.settings import BuildSettings
-    from dsa_export.build.stage_build import _build_key
-    from dsa_export.pipeline_record import StageFiles
+    from dsa_export.artifact.settings import BuildSettings
+    from dsa_export.stages.builder import _build_key
+    from dsa_export.stages.record import StageFiles
 
     stage = StageFiles(index=0, layers=(0, 2), embed=True, head=False, onnx="stage_00.onnx", data=None,
                        sha256={"stage_00.onnx": "0" * 64}, sizes={"stage_00.onnx": 1}, inputs=[], outputs=[],

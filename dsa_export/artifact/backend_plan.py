@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsa_export.build.settings import (
+from dsa_export.artifact.settings import (
     DEFAULT_PRECISION_CPU,
     DEFAULT_PRECISION_TENSORRT,
     DEFAULT_RTX_TARGETS,

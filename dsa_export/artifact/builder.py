@@ -7,7 +7,7 @@ inside is written with :func:`dsa_export.fileio.atomic_output` as well. The proc
 name lets the next build remove what a killed build (SIGKILL) left, and refuse to run while another
 build writes the same folder.
 
-Everything that can be checked without work is checked before the first stage: the output path,
+Everything that can be checked without work is checked before the first step: the output path,
 the plugin library, the TensorRT-RTX targets, the shape-range dim names against the model's
 dynamic dims, and the model itself. The manifest lists every file of the build with its size and
 sha256 (``files``), which the runtimes verify before they load anything.
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from dsa_export import __version__, interrupts
-from dsa_export.build.backend_plan import BackendPlan, default_precision, plan_backends
-from dsa_export.build.output_folder import (
+from dsa_export.artifact.backend_plan import BackendPlan, default_precision, plan_backends
+from dsa_export.artifact.output_folder import (
     apply_umask,
     check_library,
     file_records,
@@ -34,7 +34,7 @@ from dsa_export.build.output_folder import (
     link_external_data,
     prepare_output,
 )
-from dsa_export.build.settings import (
+from dsa_export.artifact.settings import (
     DEFAULT_PRECISION_CPU,
     DEFAULT_RANGE,
     BuildSettings,
@@ -64,14 +64,14 @@ from dsa_export.manifest import (
     write_manifest,
 )
 
-STAGES = ("export", "validate", "calibrate", "check", "engine")
-#: What the export stage's first progress line says for a built-in model (measured: docs/build.md).
+STEPS = ("export", "validate", "calibrate", "check", "engine")
+#: What the export step's first progress line says for a built-in model (measured: docs/build.md).
 EXPORT_TIME_NOTE = "about 20-60 s for a built-in model on 2 CPU cores"
 EXPORT_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "fp32", "fp8": "fp32"}
 
 
 @dataclass
-class StageRecord:
+class StepRecord:
     name: str
     status: str  # done | skipped | failed
     seconds: float
@@ -84,13 +84,13 @@ class StageRecord:
 class BuildResult:
     output: Path
     manifest: dict[str, Any]
-    stages: list[StageRecord]
+    steps: list[StepRecord]
     seconds: float
 
     def summary_table(self) -> str:
-        width = max(len(s.detail) for s in self.stages) if self.stages else 10
-        lines = [f"{'stage':<10} {'status':<8} {'time':>7}  result", f"{'-' * 10} {'-' * 8} {'-' * 7}  {'-' * min(width, 70)}"]
-        for s in self.stages:
+        width = max(len(s.detail) for s in self.steps) if self.steps else 10
+        lines = [f"{'step':<10} {'status':<8} {'time':>7}  result", f"{'-' * 10} {'-' * 8} {'-' * 7}  {'-' * min(width, 70)}"]
+        for s in self.steps:
             lines.append(f"{s.name:<10} {s.status:<8} {s.seconds:>6.1f}s  {s.detail}")
         files = sorted(str(p.relative_to(self.output)) for p in self.output.rglob("*")
                        if p.is_file() and not p.name.startswith("."))
@@ -145,9 +145,9 @@ def _load_onnx(path: Path):
 
 
 def preflight(settings: BuildSettings) -> Any:
-    """Check what needs neither the environment nor any work, before probing and the first stage;
+    """Check what needs neither the environment nor any work, before probing and the first step;
     returns the resolved MODEL source (None for a supplied .onnx), so a bad MODEL fails here too and
-    the export stage reuses it."""
+    the export step reuses it."""
     s = settings
     if s.plugin_library is not None:
         check_library(Path(s.plugin_library))
@@ -170,7 +170,7 @@ def preflight(settings: BuildSettings) -> Any:
             check_targets(s.rtx_targets)
     source = None
     if s.model_is_onnx:
-        from dsa_export.pipeline_record import verify_recorded_onnx
+        from dsa_export.stages.record import verify_recorded_onnx
 
         dims = _onnx_dims(_load_onnx(Path(str(s.model))))
         verify_recorded_onnx(Path(str(s.model)))
@@ -205,24 +205,24 @@ class _Pipeline:
         self.work = work
         self.log = log
         self.source = source
-        self.stages: list[StageRecord] = []
+        self.steps: list[StepRecord] = []
         self.manifest: dict[str, Any] = {}
 
-    def stage(self, name: str, fn: Callable[[], tuple[str, str]]) -> None:
-        index = STAGES.index(name) + 1
-        self.log(f"[{index}/{len(STAGES)}] {name} ...")
+    def step(self, name: str, fn: Callable[[], tuple[str, str]]) -> None:
+        index = STEPS.index(name) + 1
+        self.log(f"[{index}/{len(STEPS)}] {name} ...")
         start = time.perf_counter()
         try:
             status, detail = fn()
         except BaseException:
-            self.stages.append(StageRecord(name, "failed", time.perf_counter() - start, ""))
+            self.steps.append(StepRecord(name, "failed", time.perf_counter() - start, ""))
             raise
-        record = StageRecord(name, status, time.perf_counter() - start, detail)
-        self.stages.append(record)
-        self.log(f"[{index}/{len(STAGES)}] {name}: {status} in {record.seconds:.1f} s: {detail}")
+        record = StepRecord(name, status, time.perf_counter() - start, detail)
+        self.steps.append(record)
+        self.log(f"[{index}/{len(STEPS)}] {name}: {status} in {record.seconds:.1f} s: {detail}")
 
     def check_plan(self, plan: BackendPlan) -> None:
-        """What depends on the backends this machine builds, before the first stage."""
+        """What depends on the backends this machine builds, before the first step."""
         s = self.settings
         if s.timing_cache is not None and plan.engine == "tensorrt":
             check_output_path(s.timing_cache, "--timing-cache")
@@ -262,7 +262,7 @@ class _Pipeline:
                 )
         self.log(f"Plan: {', '.join(plan.backends)} at {precision} ({plan.reason}).")
         # The rules are cheap once probed: a blocked build fails here, before minutes of export,
-        # and the check stage records the same reports in pipeline order.
+        # and the check step records the same reports in pipeline order.
         from dsa_export.compat import CheckSettings, require_no_blocking, run_checks
 
         reports = {
@@ -281,7 +281,7 @@ class _Pipeline:
                 src = Path(str(s.model))
                 if not src.is_file():
                     raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
-                from dsa_export.pipeline_record import verify_recorded_onnx
+                from dsa_export.stages.record import verify_recorded_onnx
 
                 verify_recorded_onnx(src)
                 # Calibration loads the weights with onnx.load, which refuses a data file with
@@ -309,12 +309,12 @@ class _Pipeline:
             began = time.perf_counter()
 
             def step(text: str) -> None:
-                # The longest stage of a demo build, and torch.export says nothing while it works.
+                # The longest step of a demo build, and torch.export says nothing while it works.
                 if text.startswith("tracing"):
                     note = EXPORT_TIME_NOTE if source.spec.startswith("builtin:") else "the longest part"
                 else:
                     note = f"{time.perf_counter() - began:.0f} s so far"
-                self.log(f"[{STAGES.index('export') + 1}/{len(STAGES)}] export: {text} ({note}) ...")
+                self.log(f"[{STEPS.index('export') + 1}/{len(STEPS)}] export: {text} ({note}) ...")
 
             with trace_errors(source.spec), third_party_output():
                 model = export_model(source, export_settings, step=step)
@@ -323,7 +323,7 @@ class _Pipeline:
             custom = sum(1 for n in model.graph.node if n.domain == "dsa")
             return "done", f"{source.spec} -> {ONNX_NAME} (plugin ops, {custom} dsa nodes, {export_settings.dtype})"
 
-        self.stage("export", export)
+        self.step("export", export)
         model = onnx.load(str(onnx_path), load_external_data=False)
         meta = {p.key: p.value for p in model.metadata_props}
 
@@ -343,7 +343,7 @@ class _Pipeline:
                 return "skipped", "bf16: ONNX Runtime's CPU provider has no bf16 kernels"
             from dsa_export.model_ref import from_metadata
 
-            # The copy's reference was re-based on the build folder by the export stage.
+            # The copy's reference was re-based on the build folder by the export step.
             recorded = from_metadata(meta.get(META_SPEC), s.output.resolve()) if s.model_is_onnx else None
             if recorded is not None and recorded.kind in ("factory", "module"):
                 # A supplied file names code as its reference: build does not run it (see sources.py).
@@ -377,7 +377,7 @@ class _Pipeline:
                             f"PASSED ({report.error_stat} within atol {report.atol:g}; max abs {worst.max_abs:.2e}) "
                             f"-> {VALIDATION_NAME}")
 
-        self.stage("validate", validate)
+        self.step("validate", validate)
 
         # 3. calibrate ----------------------------------------------------------------------
         def calibrate() -> tuple[str, str]:
@@ -389,7 +389,7 @@ class _Pipeline:
             if is_calibrated(model):  # FP8 checkpoint weights alone (DequantizeLinear) still need it
                 state["calibration"] = {"supplied": True, "model": ONNX_NAME}
                 return "skipped", "the supplied file already has Q/DQ nodes"
-            from dsa_export.build.calibrate import calibrate as run_calibration
+            from dsa_export.artifact.calibrate import calibrate as run_calibration
 
             outcome = run_calibration(
                 onnx_path, self.work / QDQ_NAME, precision, data=s.calibration_data,
@@ -404,7 +404,7 @@ class _Pipeline:
             verdict = {True: "report passed", False: f"report FAILED (see {CALIBRATION_REPORT_NAME})", None: "no report"}
             return "done", f"{precision} Q/DQ -> {QDQ_NAME}; {verdict[outcome.provenance.get('report_passed')]}"
 
-        self.stage("calibrate", calibrate)
+        self.step("calibrate", calibrate)
 
         # 4. check --------------------------------------------------------------------------
         def check() -> tuple[str, str]:
@@ -420,7 +420,7 @@ class _Pipeline:
             state["checks"] = records
             return ("skipped" if s.skip_checks else "done"), "; ".join(summary)
 
-        self.stage("check", check)
+        self.step("check", check)
 
         # 5. engine -------------------------------------------------------------------------
         def engine() -> tuple[str, str]:
@@ -440,7 +440,7 @@ class _Pipeline:
             else:
                 state["engine"] = None
             if plan.onnxruntime:
-                from dsa_export.build.onnxrt import write_artifact
+                from dsa_export.artifact.onnxrt import write_artifact
 
                 lib, sha, reason = _plugin_library(s, "static")
                 state["onnxruntime"] = write_artifact(
@@ -452,7 +452,7 @@ class _Pipeline:
                 details.append(f"ONNX Runtime -> {optimized or ONNX_NAME} + session.json")
             return "done", "; ".join(details)
 
-        self.stage("engine", engine)
+        self.step("engine", engine)
         self.manifest = self._manifest(plan, precision, model, meta, state)
         self.manifest[FILES_KEY] = file_records(self.work)
         write_manifest(self.manifest, self.work / MANIFEST_NAME)
@@ -589,8 +589,8 @@ class _Pipeline:
             "calibration": state.get("calibration"),
             "checks": state.get("checks"),
             "validation": state.get("validation"),
-            "stages": [{"name": r.name, "status": r.status, "seconds": round(r.seconds, 2), "detail": r.detail}
-                       for r in self.stages],
+            "steps": [{"name": r.name, "status": r.status, "seconds": round(r.seconds, 2), "detail": r.detail}
+                       for r in self.steps],
         }
 
 
@@ -644,7 +644,7 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
             shutil.rmtree(work, ignore_errors=True)
             remove_created(created)
             raise
-    return BuildResult(output, pipeline.manifest, pipeline.stages, time.perf_counter() - start)
+    return BuildResult(output, pipeline.manifest, pipeline.steps, time.perf_counter() - start)
 
 
-__all__ = ["STAGES", "BackendPlan", "BuildResult", "StageRecord", "build", "plan_backends"]
+__all__ = ["STEPS", "BackendPlan", "BuildResult", "StepRecord", "build", "plan_backends"]

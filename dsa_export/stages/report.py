@@ -11,7 +11,7 @@ stages), on held-out token ids:
 * **greedy agreement** over ``N`` tokens: the float pipeline decodes ``N`` tokens greedily; that
   token path is then forced through the quantized pipeline, and a position agrees when the
   quantized argmax is the float token. Both runs go through :func:`dsa_export.runtime.generate.generate`
-  over :class:`~dsa_export.runtime.pipeline.PipelineSession` (the caches and pages of ``generate``
+  over :class:`~dsa_export.stages.session.PipelineSession` (the caches and pages of ``generate``
   itself). Up to the first disagreement the forced path is the path the quantized pipeline would
   choose itself, so the first disagreement is where free-running greedy decoding first diverges;
 * **top-k overlap** per DSA layer (every ``DSAIndexerTopK`` and ``DSAIndexerTopKPaged`` node) and
@@ -47,7 +47,6 @@ import numpy as np
 
 from dsa_export.errors import DSAUserError
 from dsa_export.manifest import read_manifest
-from dsa_export.pipeline_record import Pipeline, StageFiles, read_pipeline
 from dsa_export.quantize.report import (
     Thresholds,
     cosine,
@@ -58,6 +57,7 @@ from dsa_export.quantize.report import (
     sqnr_db,
     with_indexer_outputs,
 )
+from dsa_export.stages.record import Pipeline, StageFiles, read_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -334,9 +334,9 @@ def _run_stage(folder: Path, pipeline: Pipeline, stage: StageFiles, samples: Seq
     sample's outputs (no caches) there. Returns the stage's (indexer, experts) nodes."""
     import onnx
 
-    from dsa_export.build.stage_calibration import _call_feeds
     from dsa_export.runtime.onnxrt import session
     from dsa_export.runtime.paged import page_size
+    from dsa_export.stages.calibration import _call_feeds
 
     graph = _stage_graph(folder, stage, verify)
     model = onnx.load(str(graph), load_external_data=False)
@@ -477,7 +477,7 @@ def _greedy(float_folder: Path, quantized_folder: Path, prompts: Sequence[tuple[
             rows: int | None, runtime: str, verify: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(float tokens, quantized argmax on the float path) per sample, ``[rows, tokens]`` each."""
     from dsa_export.runtime.generate import SamplingSettings, generate
-    from dsa_export.runtime.pipeline import PipelineSession
+    from dsa_export.stages.session import PipelineSession
 
     settings = SamplingSettings(max_new_tokens=tokens, temperature=0.0)
     model = PipelineSession.open(float_folder, "onnxruntime", verify=verify)
@@ -616,8 +616,8 @@ def stage_build_report(export_folder: Path, output: Path, data: Path, feeds: Pat
     With every stage ``kept`` and a report of the same data digest, stage build keys and token
     count already there, that report is returned without running anything. None (and one warning)
     when nothing was held out."""
-    from dsa_export.build.stage_calibration import _samples
     from dsa_export.fileio import atomic_output
+    from dsa_export.stages.calibration import _samples
 
     path = feeds.parent / REPORT_NAME
     digest = feeds.name

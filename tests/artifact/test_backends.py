@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsa_export.build import BuildSettings, parse_shape_ranges, plan_backends
+from dsa_export.artifact import BuildSettings, parse_shape_ranges, plan_backends
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.trt.profiles import DEFAULT_RANGE, ShapeRange
 from tests.compat.helpers import fixture_probe
@@ -164,7 +164,7 @@ def test_pipeline_tensorrt_backend_writes_what_the_gate_reads(exported, tmp_path
     """The whole pipeline with --backend tensorrt over the test double: engine, timing cache, manifest keys."""
     import sys
 
-    from dsa_export.build import build
+    from dsa_export.artifact import build
     from dsa_export.compat.engine_gate import read_requirements
     from dsa_export.fileio import sha256_file
 
@@ -206,12 +206,12 @@ def test_pipeline_tensorrt_backend_writes_what_the_gate_reads(exported, tmp_path
     assert profiles["dims"] == {"batch": [1, 1, 2], "sequence": [1, 64, 256]}  # what existing readers use: the first
     assert profiles["all"] == [profiles["dims"], {"batch": [1, 2, 4], "sequence": [1, 1, 1]}]
     assert profiles["inputs"]["input_ids"] == {"min": [1, 1], "opt": [1, 64], "max": [2, 256]}
-    assert result.stages[2].status == "skipped"
+    assert result.steps[2].status == "skipped"
     assert Path(out / "manifest.json").is_file()
 
 
 def test_onnxruntime_gets_the_static_registration_library(tmp_path):
-    from dsa_export.build.pipeline import _plugin_library
+    from dsa_export.artifact.builder import _plugin_library
 
     lib = tmp_path / "libdsa_plugins.so"
     lib.write_bytes(b"\x7fELF-getCreators")
