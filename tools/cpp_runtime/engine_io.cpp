@@ -384,4 +384,51 @@ std::vector<std::unique_ptr<StageRun>> openStages(Plan const& plan, RunOptions c
     return runs;
 }
 
+PlanSession::PlanSession(RunOptions const& options)
+    : mOptions(options)
+    , mPlan(readPlan(options.path, planOptions(options)))
+{
+}
+
+void PlanSession::loadStages()
+{
+    checkStagesLoadable(mPlan);
+    mRuns = openStages(mPlan, mOptions, mLogger, mStreams);
+}
+
+std::vector<std::string> PlanSession::listTensors(StageRun& run)
+{
+    Stage const& stage = *run.stage;
+    nvinfer1::ICudaEngine const& engine = *run.engine;
+    std::vector<std::string> inputNames;
+    for (int32_t i = 0; i < engine.getNbIOTensors(); ++i)
+    {
+        char const* name = engine.getIOTensorName(i);
+        if (engine.getTensorIOMode(name) == nvinfer1::TensorIOMode::kINPUT)
+        {
+            inputNames.emplace_back(name);
+            if (stage.input(name) == nullptr)
+            {
+                throw UserError(stage.label + ": the engine has the input '" + std::string(name)
+                    + "', which " + stage.manifestPath + " does not list; rebuild the stage with `dsa-export build`.");
+            }
+        }
+        else
+        {
+            run.outputs.emplace_back(name);
+        }
+    }
+    return inputNames;
+}
+
+void PlanSession::enqueue(StageRun& run, nvinfer1::IExecutionContext& context)
+{
+    checkCuda(cudaEventRecord(run.start.event, run.stream), "cudaEventRecord");
+    if (!context.enqueueV3(run.stream))
+    {
+        throw std::runtime_error(run.stage->label + ": enqueueV3 failed (see the TensorRT messages above)");
+    }
+    checkCuda(cudaEventRecord(run.stop.event, run.stream), "cudaEventRecord");
+}
+
 } // namespace dsa

@@ -1,5 +1,6 @@
 // What the runner and the generator share: TensorRT and CUDA helpers, one opened stage
-// (StageRun), random or file inputs, output summaries, plugin loading. Needs TensorRT and the CUDA
+// (StageRun), random or file inputs, output summaries, plugin loading, and the plan with its
+// stages opened (PlanSession, the base of PlanRunner and Generator). Needs TensorRT and the CUDA
 // runtime (runner.cpp, generate.cpp).
 #pragma once
 
@@ -229,5 +230,38 @@ void checkStagesLoadable(Plan const& plan);
 //! with its stream and start/stop events.
 std::vector<std::unique_ptr<StageRun>> openStages(Plan const& plan, RunOptions const& options, Logger& logger,
     Streams& streams);
+
+//! What running a plan (runner.cpp, PlanRunner) and generating from it (generate.cpp, Generator)
+//! share: the plan, read and checked before TensorRT or CUDA is touched, and its stages opened on
+//! their GPUs. Members are released in reverse order: what a derived class holds (buffers, extra
+//! contexts), then the stages, the streams and last the logger.
+class PlanSession
+{
+public:
+    PlanSession(PlanSession const&) = delete;
+    PlanSession& operator=(PlanSession const&) = delete;
+
+protected:
+    //! Read and check ``options.path`` (readPlan, with this machine's GPU count and --device).
+    explicit PlanSession(RunOptions const& options);
+    ~PlanSession() = default;
+
+    //! The engine gate for every stage (checkStagesLoadable), then every stage opened on its GPU
+    //! (openStages). Call it once the derived class has checked the plan for its own needs.
+    void loadStages();
+
+    //! The names of ``run``'s engine inputs, in engine order; its outputs are appended to
+    //! ``run.outputs``. UserError for an input the stage's manifest does not list.
+    static std::vector<std::string> listTensors(StageRun& run);
+
+    //! Enqueue ``context`` on ``run``'s stream between ``run``'s start and stop events.
+    static void enqueue(StageRun& run, nvinfer1::IExecutionContext& context);
+
+    RunOptions const& mOptions;
+    Plan const mPlan;
+    Logger mLogger;   //!< outlives every runtime (declared before them, destroyed after)
+    Streams mStreams;
+    std::vector<std::unique_ptr<StageRun>> mRuns; //!< one per stage, in plan order (empty until loadStages)
+};
 
 } // namespace dsa

@@ -92,6 +92,57 @@ std::string confined(std::string const& root, std::string const& relative, std::
     return (fs::path(root) / rel).lexically_normal().string();
 }
 
+//! One tensor of a manifest's ``inputs`` or ``outputs`` (``at``: "inputs[3]").
+TensorSpec readSpec(Json const& item, std::string const& where, std::string const& at)
+{
+    if (!item["name"].isString() || item["name"].string.empty())
+    {
+        fieldError(where, at, item, "a tensor with a name", kRebuild);
+    }
+    if (!item["dtype"].isString())
+    {
+        fieldError(where, at + ".dtype", item["dtype"], "a dtype name", kRebuild);
+    }
+    TensorSpec spec;
+    spec.name = item["name"].string;
+    spec.dtype = item["dtype"].string;
+    Json const& shape = item["shape"];
+    if (!shape.isNull() && !shape.isArray())
+    {
+        fieldError(where, at + ".shape", shape, "a list of sizes and dim names", kRebuild);
+    }
+    for (Json const& d : shape.array)
+    {
+        Dim dim;
+        if (d.isString() && !d.string.empty())
+        {
+            dim.name = d.string;
+        }
+        else if (d.isInteger() && d.number >= 0)
+        {
+            dim.size = static_cast<int64_t>(d.number);
+        }
+        else
+        {
+            fieldError(where, at + ".shape", shape, "a list of sizes and dim names", kRebuild);
+        }
+        spec.shape.push_back(dim);
+    }
+    Json const& range = item["value_range"];
+    if (!range.isNull())
+    {
+        if (!(range.isArray() && range.array.size() == 2 && range.array[0].isInteger() && range.array[1].isInteger()
+                && range.array[0].number < range.array[1].number))
+        {
+            fieldError(where, at + ".value_range", range, "[low, high) integers", kRebuild);
+        }
+        spec.hasValueRange = true;
+        spec.low = static_cast<int64_t>(range.array[0].number);
+        spec.high = static_cast<int64_t>(range.array[1].number);
+    }
+    return spec;
+}
+
 std::vector<TensorSpec> readSpecs(Json const& list, std::string const& where, std::string const& field)
 {
     std::vector<TensorSpec> specs;
@@ -105,54 +156,7 @@ std::vector<TensorSpec> readSpecs(Json const& list, std::string const& where, st
     }
     for (size_t i = 0; i < list.array.size(); ++i)
     {
-        Json const& item = list.array[i];
-        std::string const at = field + "[" + std::to_string(i) + "]";
-        if (!item["name"].isString() || item["name"].string.empty())
-        {
-            fieldError(where, at, item, "a tensor with a name", kRebuild);
-        }
-        if (!item["dtype"].isString())
-        {
-            fieldError(where, at + ".dtype", item["dtype"], "a dtype name", kRebuild);
-        }
-        TensorSpec spec;
-        spec.name = item["name"].string;
-        spec.dtype = item["dtype"].string;
-        Json const& shape = item["shape"];
-        if (!shape.isNull() && !shape.isArray())
-        {
-            fieldError(where, at + ".shape", shape, "a list of sizes and dim names", kRebuild);
-        }
-        for (Json const& d : shape.array)
-        {
-            Dim dim;
-            if (d.isString() && !d.string.empty())
-            {
-                dim.name = d.string;
-            }
-            else if (d.isInteger() && d.number >= 0)
-            {
-                dim.size = static_cast<int64_t>(d.number);
-            }
-            else
-            {
-                fieldError(where, at + ".shape", shape, "a list of sizes and dim names", kRebuild);
-            }
-            spec.shape.push_back(dim);
-        }
-        Json const& range = item["value_range"];
-        if (!range.isNull())
-        {
-            if (!(range.isArray() && range.array.size() == 2 && range.array[0].isInteger() && range.array[1].isInteger()
-                    && range.array[0].number < range.array[1].number))
-            {
-                fieldError(where, at + ".value_range", range, "[low, high) integers", kRebuild);
-            }
-            spec.hasValueRange = true;
-            spec.low = static_cast<int64_t>(range.array[0].number);
-            spec.high = static_cast<int64_t>(range.array[1].number);
-        }
-        specs.push_back(spec);
+        specs.push_back(readSpec(list.array[i], where, field + "[" + std::to_string(i) + "]"));
     }
     return specs;
 }
@@ -171,22 +175,15 @@ Json readJsonFile(std::string const& path, std::string const& fix)
     return data;
 }
 
-//! Read one build folder's manifest.json into ``stage`` (all but index, device and label).
-//! ``engineFile``: use this engine file instead of the one the manifest names.
-void readStageManifest(Stage& stage, std::string const& manifestPath, std::string const& engineFile)
+//! The manifest.json of ``stage`` (labelled for the errors), checked to be a dsa-export manifest
+//! of a schema this program reads.
+Json readManifestFile(Stage const& stage, std::string const& manifestPath)
 {
-    stage.manifestPath = manifestPath;
-    stage.folder = fs::path(manifestPath).parent_path().string();
-    if (stage.folder.empty())
-    {
-        stage.folder = ".";
-    }
-    std::string const& who = stage.label;
     if (!isFile(manifestPath))
     {
-        throw UserError(who + ": " + manifestPath + " does not exist, so its engine is unknown; " + kRebuild + ".");
+        throw UserError(stage.label + ": " + manifestPath + " does not exist, so its engine is unknown; " + kRebuild + ".");
     }
-    Json const data = parseJson(readText(manifestPath), manifestPath);
+    Json data = parseJson(readText(manifestPath), manifestPath);
     if (!data.isObject() || !data["schema_version"].isInteger())
     {
         throw UserError(manifestPath + " is not a dsa-export manifest (no schema_version); " + kRebuild + ".");
@@ -196,21 +193,17 @@ void readStageManifest(Stage& stage, std::string const& manifestPath, std::strin
         throw UserError(manifestPath + " has manifest schema " + shown(data["schema_version"])
             + ", newer than this program reads (" + std::to_string(kSchemaVersion) + "); update tools/cpp_runtime.");
     }
-    Json const& engine = data["engine"];
-    if (engine.isNull())
-    {
-        throw UserError(who + ": " + stage.folder
-            + " holds no engine (only the ONNX Runtime artifact); rebuild it with --backend tensorrt.");
-    }
-    if (!engine.isObject())
-    {
-        fieldError(manifestPath, "engine", engine, "an object", kRebuild);
-    }
+    return data;
+}
+
+//! The manifest's "engine" section into ``stage.engine``: all but the engine file.
+void readEngineInfo(Stage& stage, Json const& engine, std::string const& manifestPath)
+{
     EngineInfo& info = stage.engine;
     info.backend = engine["backend"].isString() ? engine["backend"].string : "tensorrt";
     if (info.backend != "tensorrt")
     {
-        throw UserError(who + ": the engine was built for " + info.backend
+        throw UserError(stage.label + ": the engine was built for " + info.backend
             + "; this program links TensorRT (build it against TensorRT-RTX's headers and library for RTX engines).");
     }
     if (!engine["trt_version"].isString() || parseVersion(engine["trt_version"].string).empty())
@@ -246,9 +239,17 @@ void readStageManifest(Stage& stage, std::string const& manifestPath, std::strin
     // As engine_gate.EngineRequirements: only version-compatible plans carry serialized libraries.
     info.pluginsSerialized = engine["plugins_serialized"].type == Json::Type::kBool && engine["plugins_serialized"].boolean
         && !info.pluginLibrarySha256.empty() && info.versionCompatible;
+}
+
+//! The engine file of ``stage``: ``engineFile`` when given, else the one the "engine" section names
+//! (inside the build folder); UserError when it does not exist.
+std::string engineFilePath(Stage const& stage, Json const& engine, std::string const& manifestPath,
+    std::string const& engineFile)
+{
+    std::string path;
     if (!engineFile.empty())
     {
-        info.path = engineFile;
+        path = engineFile;
     }
     else
     {
@@ -256,15 +257,18 @@ void readStageManifest(Stage& stage, std::string const& manifestPath, std::strin
         {
             fieldError(manifestPath, "engine.file", engine["file"], "a file name", kRebuild);
         }
-        info.path = confined(stage.folder, engine["file"].string, manifestPath + " field engine.file", kRebuild);
+        path = confined(stage.folder, engine["file"].string, manifestPath + " field engine.file", kRebuild);
     }
-    if (!isFile(info.path))
+    if (!isFile(path))
     {
-        throw UserError(who + ": the engine file " + info.path + " does not exist; " + kRebuild + ".");
+        throw UserError(stage.label + ": the engine file " + path + " does not exist; " + kRebuild + ".");
     }
-    stage.inputs = readSpecs(data["inputs"], manifestPath, "inputs");
-    stage.outputs = readSpecs(data["outputs"], manifestPath, "outputs");
-    Json const& dims = data["profiles"]["dims"];
+    return path;
+}
+
+//! The manifest's "profiles"."dims" ([min, opt, max] per named dim) into ``stage.profile``.
+void readProfileDims(Stage& stage, Json const& dims, std::string const& manifestPath)
+{
     if (!dims.isNull() && !dims.isObject())
     {
         fieldError(manifestPath, "profiles.dims", dims, "an object of [min, opt, max]", kRebuild);
@@ -284,6 +288,34 @@ void readStageManifest(Stage& stage, std::string const& manifestPath, std::strin
         stage.profile[name] = DimRange{static_cast<int64_t>(values.array[0].number),
             static_cast<int64_t>(values.array[1].number), static_cast<int64_t>(values.array[2].number)};
     }
+}
+
+//! Read one build folder's manifest.json into ``stage`` (all but index, device and label).
+//! ``engineFile``: use this engine file instead of the one the manifest names.
+void readStageManifest(Stage& stage, std::string const& manifestPath, std::string const& engineFile)
+{
+    stage.manifestPath = manifestPath;
+    stage.folder = fs::path(manifestPath).parent_path().string();
+    if (stage.folder.empty())
+    {
+        stage.folder = ".";
+    }
+    Json const data = readManifestFile(stage, manifestPath);
+    Json const& engine = data["engine"];
+    if (engine.isNull())
+    {
+        throw UserError(stage.label + ": " + stage.folder
+            + " holds no engine (only the ONNX Runtime artifact); rebuild it with --backend tensorrt.");
+    }
+    if (!engine.isObject())
+    {
+        fieldError(manifestPath, "engine", engine, "an object", kRebuild);
+    }
+    readEngineInfo(stage, engine, manifestPath);
+    stage.engine.path = engineFilePath(stage, engine, manifestPath, engineFile);
+    stage.inputs = readSpecs(data["inputs"], manifestPath, "inputs");
+    stage.outputs = readSpecs(data["outputs"], manifestPath, "outputs");
+    readProfileDims(stage, data["profiles"]["dims"], manifestPath);
 }
 
 std::string names(std::vector<TensorSpec> const& specs)
@@ -311,13 +343,20 @@ void checkDevice(Stage const& stage, int deviceCount, std::string const& where)
     }
 }
 
-Plan readPipeline(std::string const& path, PlanOptions const& options)
+//! The pipeline.json being read, for the error messages of readPipeline's helpers.
+struct PipelineFile
 {
-    Plan plan;
-    plan.source = path;
-    plan.pipeline = true;
-    std::string const fix = "export and build the stages again";
-    Json const data = readJsonFile(path, fix);
+    std::string path;  //!< the pipeline.json
+    std::string root;  //!< its folder, which every stage build must stay inside
+    std::string fix{"export and build the stages again"};
+};
+
+//! ``file``'s JSON, checked to be a dsa-export pipeline of a version this program reads.
+Json readPipelineJson(PipelineFile const& file)
+{
+    std::string const& path = file.path;
+    std::string const& fix = file.fix;
+    Json data = readJsonFile(path, fix);
     if (!data["format"].isString() || data["format"].string != kPipelineFormat)
     {
         throw UserError(path + " is not a dsa-export pipeline file (no \"format\": \"" + kPipelineFormat + "\"); " + fix + ".");
@@ -327,119 +366,128 @@ Plan readPipeline(std::string const& path, PlanOptions const& options)
         throw UserError(path + " has pipeline format " + shown(data["version"]) + ", newer than this program reads ("
             + std::to_string(kPipelineVersion) + "); update tools/cpp_runtime.");
     }
-    std::string const root = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
-    Json const& stages = data["stages"];
-    if (!stages.isArray() || stages.array.empty())
-    {
-        fieldError(path, "stages", stages, "a non-empty list of stages", fix);
-    }
-    for (size_t position = 0; position < stages.array.size(); ++position)
-    {
-        Json const& entry = stages.array[position];
-        std::string const at = "stages[" + std::to_string(position) + "]";
-        if (!entry.isObject())
-        {
-            fieldError(path, at, entry, "an object", fix);
-        }
-        Stage stage;
-        stage.index = entry.has("index") ? static_cast<int>(integer(entry["index"], path, at + ".index", fix))
-                                         : static_cast<int>(position);
-        if (stage.index != static_cast<int>(position))
-        {
-            throw UserError(path + " lists stage " + std::to_string(stage.index) + " at position " + std::to_string(position)
-                + "; stages must be listed in order 0, 1, 2, ...; " + fix + ".");
-        }
-        // Absent or null (as manifest.StageFiles writes None): the defaults.
-        bool const hasBuild = entry.has("build") && !entry["build"].isNull();
-        std::string const build = hasBuild ? (entry["build"].isString() ? entry["build"].string : std::string())
-                                           : stageFolderName(stage.index);
-        if (hasBuild && !entry["build"].isString())
-        {
-            fieldError(path, at + ".build", entry["build"], "a folder name", fix);
-        }
-        stage.label = "stage " + std::to_string(stage.index) + " (" + build + ")";
-        if (entry.has("device") && !entry["device"].isNull())
-        {
-            int64_t const device = integer(entry["device"], path, at + ".device", fix);
-            if (device < 0)
-            {
-                fieldError(path, at + ".device", entry["device"], "a GPU index >= 0", fix);
-            }
-            stage.device = static_cast<int>(std::min<int64_t>(device, 1 << 30));
-        }
-        else
-        {
-            stage.device = options.deviceCount > 0 ? stage.index % options.deviceCount : 0;
-        }
-        std::string const folder = confined(root, build, path + " field " + at + ".build", fix);
-        readStageManifest(stage, (fs::path(folder) / "manifest.json").string(), "");
-        checkDevice(stage, options.deviceCount, path);
-        plan.stages.push_back(stage);
-    }
+    return data;
+}
 
+//! The GPU of stage ``index`` (``entry`` is stages[index], ``at`` its name): "device", or by
+//! default the stage index modulo the GPU count.
+int stageDevice(Json const& entry, int index, std::string const& at, PipelineFile const& file, PlanOptions const& options)
+{
+    if (entry.has("device") && !entry["device"].isNull())
+    {
+        int64_t const device = integer(entry["device"], file.path, at + ".device", file.fix);
+        if (device < 0)
+        {
+            fieldError(file.path, at + ".device", entry["device"], "a GPU index >= 0", file.fix);
+        }
+        return static_cast<int>(std::min<int64_t>(device, 1 << 30));
+    }
+    return options.deviceCount > 0 ? index % options.deviceCount : 0;
+}
+
+//! stages[``position``] of the pipeline: its index, GPU and build folder, whose manifest.json is read.
+Stage readPipelineStage(Json const& entry, size_t position, PipelineFile const& file, PlanOptions const& options)
+{
+    std::string const& path = file.path;
+    std::string const& fix = file.fix;
+    std::string const at = "stages[" + std::to_string(position) + "]";
+    if (!entry.isObject())
+    {
+        fieldError(path, at, entry, "an object", fix);
+    }
+    Stage stage;
+    stage.index = entry.has("index") ? static_cast<int>(integer(entry["index"], path, at + ".index", fix))
+                                     : static_cast<int>(position);
+    if (stage.index != static_cast<int>(position))
+    {
+        throw UserError(path + " lists stage " + std::to_string(stage.index) + " at position " + std::to_string(position)
+            + "; stages must be listed in order 0, 1, 2, ...; " + fix + ".");
+    }
+    // Absent or null (as manifest.StageFiles writes None): the defaults.
+    bool const hasBuild = entry.has("build") && !entry["build"].isNull();
+    std::string const build = hasBuild ? (entry["build"].isString() ? entry["build"].string : std::string())
+                                       : stageFolderName(stage.index);
+    if (hasBuild && !entry["build"].isString())
+    {
+        fieldError(path, at + ".build", entry["build"], "a folder name", fix);
+    }
+    stage.label = "stage " + std::to_string(stage.index) + " (" + build + ")";
+    stage.device = stageDevice(entry, stage.index, at, file, options);
+    std::string const folder = confined(file.root, build, path + " field " + at + ".build", fix);
+    readStageManifest(stage, (fs::path(folder) / "manifest.json").string(), "");
+    checkDevice(stage, options.deviceCount, path);
+    return stage;
+}
+
+//! links[i] (``at``) as written: {from, to, output, input}, stage indices clamped to -1 .. 2^30.
+Link readLink(Json const& entry, std::string const& at, PipelineFile const& file)
+{
+    if (!entry.isObject() || !entry["output"].isString() || !entry["input"].isString())
+    {
+        fieldError(file.path, at, entry, "{from, to, output, input}", file.fix);
+    }
+    Link link;
+    link.from = static_cast<int>(
+        std::max<int64_t>(-1, std::min<int64_t>(integer(entry["from"], file.path, at + ".from", file.fix), 1 << 30)));
+    link.to = static_cast<int>(
+        std::max<int64_t>(-1, std::min<int64_t>(integer(entry["to"], file.path, at + ".to", file.fix), 1 << 30)));
+    link.output = entry["output"].string;
+    link.input = entry["input"].string;
+    return link;
+}
+
+//! UserError unless ``link`` (``at``) goes from a stage of ``plan`` to a later one, names an output
+//! and an input of the same dtype, and feeds an input no other link in ``fed`` feeds.
+void checkLink(Plan const& plan, Link const& link, std::string const& at, PipelineFile const& file,
+    std::map<std::pair<int, std::string>, std::string>& fed)
+{
+    std::string const where = file.path + " " + at + " (" + link.label() + ")";
+    std::string const& fix = file.fix;
     int const count = static_cast<int>(plan.stages.size());
-    Json const& links = data["links"];
-    if (!links.isNull() && !links.isArray())
+    for (int stage : {link.from, link.to})
     {
-        fieldError(path, "links", links, "a list of links", fix);
+        if (stage < 0 || stage >= count)
+        {
+            throw UserError(where + " names stage " + std::to_string(stage) + ", but the pipeline has stages 0.."
+                + std::to_string(count - 1) + "; " + fix + ".");
+        }
     }
-    std::map<std::pair<int, std::string>, std::string> fed;
-    for (size_t i = 0; i < links.array.size(); ++i)
+    if (link.from >= link.to)
     {
-        Json const& entry = links.array[i];
-        std::string const at = "links[" + std::to_string(i) + "]";
-        if (!entry.isObject() || !entry["output"].isString() || !entry["input"].isString())
-        {
-            fieldError(path, at, entry, "{from, to, output, input}", fix);
-        }
-        Link link;
-        link.from = static_cast<int>(std::max<int64_t>(-1, std::min<int64_t>(integer(entry["from"], path, at + ".from", fix), 1 << 30)));
-        link.to = static_cast<int>(std::max<int64_t>(-1, std::min<int64_t>(integer(entry["to"], path, at + ".to", fix), 1 << 30)));
-        link.output = entry["output"].string;
-        link.input = entry["input"].string;
-        for (int stage : {link.from, link.to})
-        {
-            if (stage < 0 || stage >= count)
-            {
-                throw UserError(path + " " + at + " (" + link.label() + ") names stage " + std::to_string(stage) + ", but the pipeline has stages 0.."
-                    + std::to_string(count - 1) + "; " + fix + ".");
-            }
-        }
-        if (link.from >= link.to)
-        {
-            throw UserError(path + " " + at + " (" + link.label() + ") does not feed a later stage; stages run in order, so "
-                + "a link must go from a stage to one after it; " + fix + ".");
-        }
-        Stage const& source = plan.stages[static_cast<size_t>(link.from)];
-        Stage const& target = plan.stages[static_cast<size_t>(link.to)];
-        TensorSpec const* output = source.output(link.output);
-        if (output == nullptr)
-        {
-            throw UserError(path + " " + at + " (" + link.label() + ") names the unknown tensor '" + link.output + "': "
-                + source.label + "'s engine has the outputs " + names(source.outputs) + "; " + fix + ".");
-        }
-        TensorSpec const* input = target.input(link.input);
-        if (input == nullptr)
-        {
-            throw UserError(path + " " + at + " (" + link.label() + ") names the unknown tensor '" + link.input + "': "
-                + target.label + "'s engine has the inputs " + names(target.inputs) + "; " + fix + ".");
-        }
-        if (output->dtype != input->dtype)
-        {
-            throw UserError(path + " " + at + " (" + link.label() + ") joins tensors of different types: " + source.label
-                + " gives " + output->dtype + " but " + target.label + " takes " + input->dtype + "; " + kRebuild + " with one precision.");
-        }
-        auto const key = std::make_pair(link.to, link.input);
-        if (fed.count(key))
-        {
-            throw UserError(path + " " + at + " (" + link.label() + ") feeds an input that " + fed[key] + " already feeds; " + fix + ".");
-        }
-        fed[key] = link.label();
-        plan.links.push_back(link);
+        throw UserError(where + " does not feed a later stage; stages run in order, so "
+            + "a link must go from a stage to one after it; " + fix + ".");
     }
+    Stage const& source = plan.stages[static_cast<size_t>(link.from)];
+    Stage const& target = plan.stages[static_cast<size_t>(link.to)];
+    TensorSpec const* output = source.output(link.output);
+    if (output == nullptr)
+    {
+        throw UserError(where + " names the unknown tensor '" + link.output + "': " + source.label
+            + "'s engine has the outputs " + names(source.outputs) + "; " + fix + ".");
+    }
+    TensorSpec const* input = target.input(link.input);
+    if (input == nullptr)
+    {
+        throw UserError(where + " names the unknown tensor '" + link.input + "': " + target.label
+            + "'s engine has the inputs " + names(target.inputs) + "; " + fix + ".");
+    }
+    if (output->dtype != input->dtype)
+    {
+        throw UserError(where + " joins tensors of different types: " + source.label + " gives " + output->dtype
+            + " but " + target.label + " takes " + input->dtype + "; " + kRebuild + " with one precision.");
+    }
+    auto const key = std::make_pair(link.to, link.input);
+    if (fed.count(key))
+    {
+        throw UserError(where + " feeds an input that " + fed[key] + " already feeds; " + fix + ".");
+    }
+    fed[key] = link.label();
+}
 
-    // One plugin library per process: stages built with different ones cannot share it (plans
-    // that carry their library load it themselves).
+//! One plugin library per process: stages built with different ones cannot share it (plans that
+//! carry their library load it themselves).
+void checkOnePluginLibrary(Plan const& plan)
+{
     Stage const* first = nullptr;
     for (Stage const& stage : plan.stages)
     {
@@ -459,6 +507,40 @@ Plan readPipeline(std::string const& path, PlanOptions const& options)
                 + "), and one process loads one; build all stages with the same plugin library.");
         }
     }
+}
+
+Plan readPipeline(std::string const& path, PlanOptions const& options)
+{
+    Plan plan;
+    plan.source = path;
+    plan.pipeline = true;
+    PipelineFile file;
+    file.path = path;
+    Json const data = readPipelineJson(file);
+    file.root = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+    Json const& stages = data["stages"];
+    if (!stages.isArray() || stages.array.empty())
+    {
+        fieldError(path, "stages", stages, "a non-empty list of stages", file.fix);
+    }
+    for (size_t position = 0; position < stages.array.size(); ++position)
+    {
+        plan.stages.push_back(readPipelineStage(stages.array[position], position, file, options));
+    }
+    Json const& links = data["links"];
+    if (!links.isNull() && !links.isArray())
+    {
+        fieldError(path, "links", links, "a list of links", file.fix);
+    }
+    std::map<std::pair<int, std::string>, std::string> fed;
+    for (size_t i = 0; i < links.array.size(); ++i)
+    {
+        std::string const at = "links[" + std::to_string(i) + "]";
+        Link const link = readLink(links.array[i], at, file);
+        checkLink(plan, link, at, file, fed);
+        plan.links.push_back(link);
+    }
+    checkOnePluginLibrary(plan);
     return plan;
 }
 

@@ -5,7 +5,7 @@
 // Plain C++17, no TensorRT or CUDA: dsa_pipeline_check (check_pipeline.cpp) links only this,
 // json.cpp and engine_gate.cpp, and tests/test_cpp_runtime.py runs it on pipeline.json fixtures.
 //
-// pipeline.json (dsa_export/pipeline_record.py, Pipeline): {"format": "dsa-export-pipeline", "version": 1,
+// pipeline.json (dsa_export/stages/record.py, Pipeline): {"format": "dsa-export-pipeline", "version": 1,
 // "stages": [{"index": K, "device": GPU, "build": "stage_KK", ...}], "links": [{"from", "to",
 // "output", "input"}]}. "device" defaults to the stage index modulo the GPU count, "build" to
 // "stage_KK"; each build folder holds manifest.json (dsa_export/manifest.py, Manifest) whose
