@@ -202,11 +202,14 @@ class SafetensorsCheckpoint:
         self.shards = shards
         self.tensors: dict[str, TensorInfo] = {}
         self._headers: dict[str, bytes] = {}
+        #: every shard's parsed (and checked) header, in shard order: read once, here.
+        self.headers: dict[str, dict] = {}
         for shard in shards:
             file = self.path / shard
             if not file.is_file():
                 raise DSAUserError(f"shard '{shard}' named by '{INDEX_NAME}' is missing from '{self.path}'.")
             header, data_start = read_header(file)
+            self.headers[shard] = header
             self._headers[shard] = json.dumps(header, sort_keys=True).encode()
             for key, entry in header.items():
                 if key == METADATA_KEY:

@@ -71,7 +71,7 @@ _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # -- reading ---------------------------------------------------------------------------------------
 
-def read_json_object(path: Path, what: str = "config.json") -> dict:
+def read_json_object(path: Path, what: str = "config.json", *, raw: list[bytes] | None = None) -> dict:
     """The JSON object in ``path``, refusing with one sentence a file that is too large, not UTF-8,
     not JSON, nested too deeply or not an object."""
     path = Path(path)
@@ -80,7 +80,10 @@ def read_json_object(path: Path, what: str = "config.json") -> dict:
         if size > MAX_CONFIG_BYTES:
             raise DSAUserError(f"'{path}' is {size / 2**20:.0f} MiB, but a {what} is a few kilobytes; pass the "
                                f"{what} published with the checkpoint.")
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        content = path.read_bytes()
+        if raw is not None:
+            raw.append(content)  # the bytes parsed, for a caller that also hashes them
+        data = json.loads(content.decode("utf-8"))
     except DSAUserError:
         raise
     except OSError as exc:
@@ -101,11 +104,19 @@ def read_json_object(path: Path, what: str = "config.json") -> dict:
 
 def read_config(folder: Path) -> dict:
     """The validated config.json of a checkpoint folder, its generation_config.json checked too."""
+    return read_config_and_digest(folder)[0]
+
+
+def read_config_and_digest(folder: Path) -> tuple[dict, str]:
+    """:func:`read_config` plus the sha256 of the config.json bytes it parsed (one read gives both)."""
+    import hashlib
+
     folder = Path(folder)
     file = folder / "config.json"
-    config = validate_config(read_json_object(file), f"'{file}'")
+    raw: list[bytes] = []
+    config = validate_config(read_json_object(file, raw=raw), f"'{file}'")
     check_generation_config(folder, config)
-    return config
+    return config, hashlib.sha256(raw[0]).hexdigest()
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -531,5 +542,5 @@ def read_end_of_sequence(folder: Path | None) -> tuple[tuple[int, ...], int | No
 
 
 __all__ = ["CONFIG_DTYPES", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "SUPPORTED_TYPES",
-           "check_generation_config", "config_dtype", "read_config", "read_end_of_sequence", "read_json_object",
+           "check_generation_config", "config_dtype", "read_config", "read_config_and_digest", "read_end_of_sequence", "read_json_object",
            "validate_config"]

@@ -8,21 +8,41 @@ whole checkpoint, kept as an independent oracle for tests of small checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsa_export.errors import DSAUserError, require
-from dsa_export.hf.config_schema import SUPPORTED_TYPES, read_config  # noqa: F401  (SUPPORTED_TYPES re-exported)
+from dsa_export.hf.config_schema import (  # noqa: F401  (SUPPORTED_TYPES, read_config re-exported)
+    SUPPORTED_TYPES,
+    read_config,
+    read_config_and_digest,
+)
 
 HF_INSTALL = 'pip install "dsa-export[hf]"'
 
 
 @dataclass(frozen=True)
 class HFCheckpoint:
+    """A checkpoint directory opened once: its validated config.json (read once, hashed from the same
+    bytes) and, on first use, its shard headers (:attr:`weights`). One command passes this handle
+    along instead of re-reading the files: planner, references, export and checks share it."""
+
     path: Path
     model_type: str
     config: dict
     fp8: bool
+    config_sha256: str = ""
+    _weights: list = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def weights(self):
+        """:class:`~dsa_export.hf.checkpoint.SafetensorsCheckpoint` of the directory: the index and
+        every shard header read on the first access, kept for the handle's life."""
+        if not self._weights:
+            from dsa_export.hf.checkpoint import SafetensorsCheckpoint
+
+            self._weights.append(SafetensorsCheckpoint(self.path))
+        return self._weights[0]
 
     @property
     def num_layers(self) -> int:
@@ -43,7 +63,7 @@ def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise DSAUserError(f"'{path}' has no config.json; pass a Hugging Face model directory.")
-    config = read_config(path)
+    config, digest = read_config_and_digest(path)
     model_type = config["model_type"]
     if not list(path.glob("*.safetensors")):
         pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
@@ -54,7 +74,7 @@ def inspect_checkpoint(path: str | Path) -> HFCheckpoint:
             )
         raise DSAUserError(f"'{path}' has no .safetensors weight files.")
     fp8 = (config.get("quantization_config") or {}).get("quant_method") == "fp8"
-    return HFCheckpoint(path=path, model_type=model_type, config=config, fp8=fp8)
+    return HFCheckpoint(path=path, model_type=model_type, config=config, fp8=fp8, config_sha256=digest)
 
 
 def load_model(path: str | Path, *, dequantize_fp8: bool = False, dtype: str = "float32"):

@@ -332,8 +332,11 @@ class ImpliedShapes:
         return self._ends.get(key)
 
 
-def weights_from_headers(g: Geometry, shards: list[Path], dtype: str | None) -> Weights:
+def weights_from_headers(g: Geometry, shards: list[Path] | dict[Path, dict], dtype: str | None) -> Weights:
     """Exact per-part bytes from the shard headers (data_offsets), or as exported in ``dtype``.
+
+    ``shards``: the shard files (their headers are read here), or ``{shard: parsed header}`` of
+    headers a :class:`~dsa_export.hf.checkpoint.SafetensorsCheckpoint` has read already.
 
     Keys of layers >= num_hidden_layers (the MTP layer) and any key outside the model are ignored,
     as transformers ignores them on load, and reported.
@@ -343,8 +346,9 @@ def weights_from_headers(g: Geometry, shards: list[Path], dtype: str | None) -> 
     has_lm_head = False
     seen: dict[str, Path] = {}
     implied = ImpliedShapes(g)
-    for shard in shards:
-        for key, info in read_header(shard)[0].items():  # checked: dtype known, shape and offsets consistent
+    headers = shards.items() if isinstance(shards, dict) else ((shard, read_header(shard)[0]) for shard in shards)
+    for shard, header in headers:
+        for key, info in header.items():  # checked: dtype known, shape and offsets consistent
             if key == METADATA_KEY:
                 continue
             if key in seen:

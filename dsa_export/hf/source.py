@@ -46,16 +46,23 @@ def checkpoint_dtype(config: dict) -> str:
     return config_dtype(config, "fp32")
 
 
-def hf_reference(path: str | Path, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
-                 embed: bool | None = None, head: bool | None = None, dequantize_fp8: bool = False) -> ModelReference:
-    """The typed record of a checkpoint directory and the graph to cut from it."""
-    from dsa_export.fileio import sha256_file
-    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
-    from dsa_export.hf.loader import inspect_checkpoint
+def open_checkpoint(path):
+    """``path`` as an opened :class:`~dsa_export.hf.loader.HFCheckpoint` (config.json read and
+    checked); an opened one is returned as it is."""
+    from dsa_export.hf.loader import HFCheckpoint, inspect_checkpoint
 
+    return path if isinstance(path, HFCheckpoint) else inspect_checkpoint(path)
+
+
+def hf_reference(path, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
+                 embed: bool | None = None, head: bool | None = None, dequantize_fp8: bool = False) -> ModelReference:
+    """The typed record of a checkpoint directory (or of an opened
+    :class:`~dsa_export.hf.loader.HFCheckpoint`, whose files are not read again) and the graph to
+    cut from it."""
     if graph not in GRAPHS:
         raise DSAUserError(f"graph '{graph}' is unknown; use one of {', '.join(GRAPHS)}.")
-    ckpt = inspect_checkpoint(path)
+    ckpt = open_checkpoint(path)
+    path = ckpt.path
     if layers is not None:
         layers = parse_layers(f"{layers[0]}:{layers[1]}", ckpt.num_layers)
         if layers == (0, ckpt.num_layers) and embed is None and head is None:
@@ -64,25 +71,30 @@ def hf_reference(path: str | Path, *, graph: str = "prefill", layers: tuple[int,
     if dequantize_fp8 and not ckpt.fp8:
         raise DSAUserError(f"'{path}' stores no FP8 weights; drop --dequantize-fp8.")
     return ModelReference(
-        "hf", path=str(Path(path).resolve()), sha256=sha256_file(Path(path) / "config.json"),
-        weights_sha256=SafetensorsCheckpoint(path).fingerprint(), graph=graph, layers=layers, embed=embed, head=head,
-        fp8=fp8,
+        "hf", path=str(Path(path).resolve()), sha256=ckpt.config_sha256, weights_sha256=ckpt.weights.fingerprint(),
+        graph=graph, layers=layers, embed=embed, head=head, fp8=fp8,
     )
 
 
-def check_reference(reference: ModelReference) -> None:
-    """Refuse a checkpoint whose config or weights differ from the ones a file was exported from."""
+def check_reference(reference: ModelReference, checkpoint=None) -> None:
+    """Refuse a checkpoint whose config or weights differ from the ones a file was exported from.
+
+    ``checkpoint``: the reference's directory opened already (an
+    :class:`~dsa_export.hf.loader.HFCheckpoint`): its config digest and headers are compared, no
+    file is read again."""
     from dsa_export.fileio import sha256_file
-    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
 
     path = Path(reference.path)
-    if not (path / "config.json").is_file():
+    if checkpoint is not None and checkpoint.path.resolve() != path.resolve():
+        checkpoint = None
+    if checkpoint is None and not (path / "config.json").is_file():
         raise DSAUserError(f"the checkpoint '{path}' recorded in the file is not there; pass its directory with "
                            "--reference DIR.")
-    if reference.sha256 and sha256_file(path / "config.json") != reference.sha256:
+    config_sha = checkpoint.config_sha256 if checkpoint is not None else None
+    if reference.sha256 and (config_sha or sha256_file(path / "config.json")) != reference.sha256:
         raise DSAUserError(f"'{path / 'config.json'}' changed since the export; re-export, or pass the original "
                            "checkpoint with --reference DIR.")
-    if reference.weights_sha256 and SafetensorsCheckpoint(path).fingerprint() != reference.weights_sha256:
+    if reference.weights_sha256 and _weights(path, checkpoint).fingerprint() != reference.weights_sha256:
         raise DSAUserError(f"the safetensors in '{path}' changed since the export; re-export, or pass the original "
                            "checkpoint with --reference DIR.")
 
@@ -127,18 +139,28 @@ class CheckpointWeights:
         return self._cache[key]
 
 
-def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, seed: int = 0,
-              dtype: str | None = None) -> ModelSource:
-    """The export module of ``reference`` on the meta device, with streaming weight sources."""
+def _weights(path: Path, checkpoint):
     from dsa_export.hf.checkpoint import SafetensorsCheckpoint
-    from dsa_export.hf.loader import inspect_checkpoint
+
+    return checkpoint.weights if checkpoint is not None else SafetensorsCheckpoint(path)
+
+
+def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, seed: int = 0,
+              dtype: str | None = None, checkpoint=None) -> ModelSource:
+    """The export module of ``reference`` on the meta device, with streaming weight sources.
+
+    ``checkpoint``: the reference's directory opened already
+    (:class:`~dsa_export.hf.loader.HFCheckpoint`), so that neither config.json nor a shard header
+    is read again; by default the directory is opened here."""
     from dsa_export.hf.model import DSAExportModel
     from dsa_export.hf.weights import build_meta_model, checkpoint_block_size
 
-    check_reference(reference)
+    check_reference(reference, checkpoint)
     path = Path(reference.path)
-    ckpt = inspect_checkpoint(path)
-    checkpoint = SafetensorsCheckpoint(path)
+    if checkpoint is None or checkpoint.path.resolve() != path.resolve():
+        checkpoint = open_checkpoint(path)
+    ckpt = checkpoint
+    checkpoint = ckpt.weights
     dtype = dtype or checkpoint_dtype(ckpt.config)
     if dtype not in _TORCH_DTYPES:
         raise DSAUserError(f"dtype '{dtype}' is unknown; use one of {', '.join(_TORCH_DTYPES)}.")

@@ -76,7 +76,6 @@ from dsa_export.errors import DSAUserError
 from dsa_export.hf.synthetic_plan import (  # noqa: F401  (the plan half, re-exported)
     ARCHITECTURES,
     CHUNK_VALUES,
-    CheckpointPlan,
     DEFAULT_SHARD_BYTES,
     DTYPE_BYTES,
     FP8_BLOCK,
@@ -85,6 +84,7 @@ from dsa_export.hf.synthetic_plan import (  # noqa: F401  (the plan half, re-exp
     KINDS,
     NARROW,
     PRECISIONS,
+    CheckpointPlan,
     StoredTensor,
     _expert_groups,
     _quantized_blocks,

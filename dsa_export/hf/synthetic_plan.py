@@ -10,7 +10,6 @@ transformers.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass

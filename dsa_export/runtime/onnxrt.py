@@ -188,9 +188,12 @@ class OrtSession(Session):
     """A Session over an ``onnxruntime.InferenceSession``."""
 
     def __init__(self, ort_session, kind: str, manifest: Manifest | None = None, notes: list[str] | None = None,
-                 enforce_profile: bool = True, graph_path: Path | None = None):
+                 enforce_profile: bool = True, graph_path: Path | None = None, graph=None):
         """``graph_path``: the plugin-mode .onnx whose dsa nodes the memory estimate reads (the
-        optimized model has them inlined); None skips the estimate."""
+        optimized model has them inlined); None skips the estimate. ``graph``: that file's
+        ``onnx.ModelProto`` (external data not loaded) when the caller has read it already.
+
+        The graph's memory facts are read here, once: running reads no file."""
         inputs = manifest.inputs if manifest is not None and manifest.inputs else _specs(ort_session.get_inputs())
         outputs = manifest.outputs if manifest is not None and manifest.outputs else _specs(ort_session.get_outputs())
         super().__init__(kind=kind, inputs=inputs, outputs=outputs, manifest=manifest, notes=list(notes or []))
@@ -198,6 +201,17 @@ class OrtSession(Session):
         self.enforce_profile = enforce_profile
         self.graph_path = graph_path
         self._graph_memory = None
+        #: the largest estimate (bytes) found to fit: a smaller run (a decode step after its
+        #: prefill) is not checked against the machine's free memory again.
+        self._fits_bytes = -1
+        if graph_path is not None and "CPUExecutionProvider" == ort_session.get_providers()[0]:
+            from dsa_export.runtime.memory import GraphMemory
+
+            if graph is None:
+                import onnx
+
+                graph = onnx.load(str(graph_path), load_external_data=False)
+            self._graph_memory = GraphMemory.of(graph)
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         if self.enforce_profile and self.manifest is not None:  # what the build declared and validated
@@ -206,19 +220,18 @@ class OrtSession(Session):
             super().check_shapes(shapes)
 
     def check_memory(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        if self.graph_path is None or "CPUExecutionProvider" != self.ort_session.get_providers()[0]:
+        if self._graph_memory is None:
             return
-        from dsa_export.runtime.memory import GraphMemory, require_fits
+        from dsa_export.runtime.memory import require_fits
 
-        if self._graph_memory is None:  # read once: a decode loop checks every step
-            import onnx
-
-            self._graph_memory = GraphMemory.of(onnx.load(str(self.graph_path), load_external_data=False))
         sizes = self._graph_memory.sizes(shapes)
+        need = self._graph_memory.estimate(sizes)
+        if need.total <= self._fits_bytes:  # no larger than a run already found to fit
+            return
         asked = ", ".join(f"{name}={size}" for name, size in sizes.items())
-        require_fits(self._graph_memory.estimate(sizes),
-                     f"running {asked or 'these inputs'} on ONNX Runtime's CPU provider",
+        require_fits(need, f"running {asked or 'these inputs'} on ONNX Runtime's CPU provider",
                      fix="ask for smaller dims (--dims) or run the engine on a GPU")
+        self._fits_bytes = need.total
 
     def _options(self):
         import onnxruntime as ort
@@ -304,10 +317,11 @@ class OnnxFileSession:
         from dsa_export.manifest import io_specs
 
         path = Path(path)
+        graph = onnx.load(str(path), load_external_data=False)  # read once: memory facts and token-id ranges
         session_ = OrtSession(session(path, threads=threads), kind=f"onnxruntime (CPUExecutionProvider, {path.name})",
-                              graph_path=path)
+                              graph_path=path, graph=graph)
         # The graph's own record of token-id ranges (the vocabulary) checks inputs before they run.
-        inputs, _ = io_specs(onnx.load(str(path), load_external_data=False))
+        inputs, _ = io_specs(graph)
         ranges = {spec.name: spec.value_range for spec in inputs}
         session_.inputs = [TensorSpec(s.name, s.dtype, s.shape, ranges.get(s.name)) for s in session_.inputs]
         return session_

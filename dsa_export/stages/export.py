@@ -131,7 +131,9 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
     if settings.dequantize_fp8 and not ckpt.fp8:
         raise DSAUserError(f"'{checkpoint_dir}' stores no FP8 weights; drop --dequantize-fp8.")
     explicit = settings.gpu_memory is not None
-    plan = plan_stages(checkpoint_dir, gpu_memory_bytes=settings.gpu_memory if explicit else 1 << 60,
+    # One handle for the whole command: config.json is read once here and every shard header once
+    # (by the planner's first use of ckpt.weights); the references and stage exports reuse both.
+    plan = plan_stages(ckpt, gpu_memory_bytes=settings.gpu_memory if explicit else 1 << 60,
                        stages=settings.stages, gpus=settings.gpus, max_batch=settings.max_batch,
                        max_seq=settings.max_seq, dtype=settings.export.dtype if settings.dequantize_fp8 or not ckpt.fp8
                        else None, strict=explicit)
@@ -168,7 +170,6 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
 
 def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSettings, progress: bool, ckpt, plan,
                    explicit: bool, on_first_stage=None) -> tuple[Pipeline, list[StageOutcome]]:
-    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
     from dsa_export.hf.source import hf_reference
 
     previous: dict[int, StageFiles] = {}
@@ -177,9 +178,9 @@ def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSet
             previous = {s.index: s for s in read_pipeline(out_dir).stages}
         except DSAUserError as exc:
             log.warning("ignoring the existing %s (%s)", out_dir / PIPELINE_NAME, exc)
-    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    checkpoint = ckpt.weights
     n = ckpt.num_layers
-    whole = hf_reference(checkpoint_dir, graph=settings.graph, dequantize_fp8=settings.dequantize_fp8)
+    whole = hf_reference(ckpt, graph=settings.graph, dequantize_fp8=settings.dequantize_fp8)
     stages: list[StageFiles] = []
     outcomes: list[StageOutcome] = []
     plan_data = json.loads(plan.to_json())
@@ -190,7 +191,7 @@ def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSet
     for stage_plan in plan.stages:
         start, stop = stage_plan.start, stage_plan.stop
         embed, head = start == 0, stop == n
-        reference = hf_reference(checkpoint_dir, graph=settings.graph, layers=(start, stop), embed=embed, head=head,
+        reference = hf_reference(ckpt, graph=settings.graph, layers=(start, stop), embed=embed, head=head,
                                  dequantize_fp8=settings.dequantize_fp8)
         key = hashlib.sha256(json.dumps({"reference": reference.to_json(), "settings": settings_record,
                                          "tool": __version__}, sort_keys=True).encode()).hexdigest()
@@ -204,7 +205,7 @@ def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSet
             outcomes.append(StageOutcome(entry.index, entry.layers, "kept", 0.0, entry.weight_bytes,
                                          entry.checkpoint_bytes))
             continue
-        result = _export_one(reference, settings, out_dir / onnx_rel, stage_plan.index, len(plan.stages),
+        result = _export_one(reference, ckpt, settings, out_dir / onnx_rel, stage_plan.index, len(plan.stages),
                              stage_plan.weight_bytes if progress else None)
         data_rel = f"{onnx_rel}.data" if result.external_bytes else None
         sha = {onnx_rel: sha256_file(out_dir / onnx_rel)}
@@ -243,17 +244,17 @@ def _write(out_dir: Path, whole, ckpt, settings: StageExportSettings, plan_data:
     return pipeline
 
 
-def _export_one(reference, settings: StageExportSettings, path: Path, index: int, count: int,
+def _export_one(reference, ckpt, settings: StageExportSettings, path: Path, index: int, count: int,
                 progress_bytes: int | None):
     import sys
 
     from dsa_export.errors import trace_errors
     from dsa_export.export.exporter import export_to_file
+    from dsa_export.hf.source import hf_source
     from dsa_export.quiet import progress_bars, third_party_output
-    from dsa_export.sources import resolve
 
-    source = resolve(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
-                     seed=settings.export.seed, dtype=settings.export.dtype)
+    source = hf_source(reference, batch=settings.export.batch, seq_len=settings.export.seq_len,
+                       seed=settings.export.seed, dtype=settings.export.dtype, checkpoint=ckpt)
     bar = None
     if progress_bytes is not None:
         from tqdm import tqdm

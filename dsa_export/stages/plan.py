@@ -221,10 +221,12 @@ class Plan:
                 f"{ignored}.")
 
 
-def load_config(source: str | Path | dict) -> tuple[dict, Path | None]:
+def load_config(source) -> tuple[dict, Path | None]:
     """config.json of a checkpoint directory, a config.json path, or a config dict; plus the directory."""
     if isinstance(source, dict):
         return source, None
+    if hasattr(source, "config_sha256"):  # an opened HFCheckpoint: validated and read already
+        return source.config, source.path
     path = Path(source)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
@@ -233,7 +235,7 @@ def load_config(source: str | Path | dict) -> tuple[dict, Path | None]:
 
 
 def plan_stages(
-    checkpoint: str | Path | dict,
+    checkpoint,
     *,
     gpu_memory_bytes: int | str,
     stages: str | int = "auto",
@@ -249,7 +251,8 @@ def plan_stages(
 
     Args:
         checkpoint: a Hugging Face directory (its safetensors headers are read when all shards are
-            there), a config.json path, or the config as a dict.
+            there), a config.json path, the config as a dict, or an opened
+            :class:`~dsa_export.hf.loader.HFCheckpoint` (its config and headers are not read again).
         gpu_memory_bytes: memory of one GPU (bytes, or text such as ``"141GiB"``).
         stages: ``"auto"`` = the fewest stages that fit, balanced; an int = that many stages with
             the smallest possible largest stage.
@@ -270,7 +273,8 @@ def plan_stages(
     config, directory = load_config(checkpoint)
     where = f"'{directory / 'config.json'}'" if directory else "the config"
     g = Geometry.from_config(config, where)  # every field checked, the model's size by arithmetic
-    if directory:
+    opened = hasattr(checkpoint, "config_sha256")
+    if directory and not opened:  # an opened checkpoint was checked when it was opened
         check_generation_config(directory, config)
     capacity = parse_size(gpu_memory_bytes, "GPU memory")
     reserve = parse_size(reserve_bytes, "reserve", allow_zero=True)
@@ -284,8 +288,10 @@ def plan_stages(
         raise DSAUsageError(f"--gpus {gpus} must be at least 1.")
     count = _stage_count(stages, g.layers, gpus)
 
-    shards, missing = shard_files(directory) if directory else ([], [])
-    if shards and not missing:
+    shards, missing = ([], []) if opened or not directory else shard_files(directory)
+    if opened:
+        weights = weights_from_headers(g, {directory / s: h for s, h in checkpoint.weights.headers.items()}, dtype)
+    elif shards and not missing:
         weights = weights_from_headers(g, shards, dtype)
     else:
         weights = weights_from_config(g, dtype)

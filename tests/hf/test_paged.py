@@ -9,7 +9,10 @@ layer takes its selection across the stage boundary).
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import json
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -56,6 +59,24 @@ def paged_exports(checkpoints, tmp_path_factory):
                              root / f"{kind}-paged.onnx") for kind in KINDS}
 
 
+@contextlib.contextmanager
+def _file_reads():
+    """Every file on disk opened for reading inside the block (Python's open, which pathlib, numpy,
+    json and onnx.load all go through), as a list of paths. The kernel's memory counters (/proc,
+    /sys: the free-memory check of a run larger than any before, e.g. the prefill) are not files
+    on disk."""
+    opened: list[str] = []
+    real = builtins.open
+
+    def spy(file, mode="r", *args, **kwargs):
+        if "r" in mode and not str(file).startswith(("/proc/", "/sys/")):
+            opened.append(str(file))
+        return real(file, mode, *args, **kwargs)
+
+    with mock.patch("builtins.open", spy), mock.patch("io.open", spy):
+        yield opened
+
+
 def _open(path):
     from dsa_export.runtime import load
     from dsa_export.stages.session import PipelineSession
@@ -70,8 +91,10 @@ def test_a_ragged_batch_gets_each_prompts_transformers_tokens(checkpoints, paged
     model = _open(paged_exports[kind])
     try:
         for chunk, micro in ((None, 1), (16, 1), (None, 3)):
-            result = generate(model, prompts, SamplingSettings(max_new_tokens=NEW, prefill_chunk=chunk,
-                                                               micro_batches=micro))
+            with _file_reads() as opened:  # the session is open: generating reads no file
+                result = generate(model, prompts, SamplingSettings(max_new_tokens=NEW, prefill_chunk=chunk,
+                                                                   micro_batches=micro))
+            assert opened == [], opened
             assert result.tokens.tolist() == want, (chunk, micro)
             assert result.prompt_tokens == sum(LENGTHS)
             assert model.pages.pages_in_use == 0  # every sequence handed its pages back
@@ -158,6 +181,17 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
     report = json.loads(result.stdout)
     assert report["tokens"] == _hf_greedy(checkpoint, prompts)
     assert report["prompt_ids"] == prompts
+    # Once the stages are open, neither prefill nor a decode step reads a file.
+    from dsa_export.stages.session import PipelineSession
+
+    model = PipelineSession.open(out)
+    try:
+        with _file_reads() as opened:
+            again = generate(model, prompts, SamplingSettings(max_new_tokens=NEW, prefill_chunk=32))
+        assert again.tokens.tolist() == report["tokens"]
+        assert opened == []
+    finally:
+        model.close()
     # The build's profiles hold 128 tokens per sequence (two pages of 64).
     long = [list(range(1, 130))]
     (tmp_path / "long.json").write_text(json.dumps(long))

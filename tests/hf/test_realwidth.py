@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -20,14 +21,19 @@ from .realwidth import realwidth_checkpoint_factory, synthetic_checkpoint_factor
 pytestmark = pytest.mark.slow
 
 GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[2]
 #: Runs a command and prints its peak RSS in KiB (ru_maxrss of its only child).
 _MEASURE = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
             "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
 
 
-def _run(*args) -> tuple[subprocess.CompletedProcess, int]:
-    result = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "dsa_export", *args],
-                            capture_output=True, text=True, timeout=1200)
+def _run(*args, counts=None) -> tuple[subprocess.CompletedProcess, int]:
+    """``dsa-export ARGS`` in a subprocess, and its peak RSS; with ``counts`` (json path, checkpoint
+    dir) the command runs under tests/read_counts.py, which records its reads of that checkpoint."""
+    command = [sys.executable, "-m", "dsa_export", *args] if counts is None else [
+        sys.executable, "-m", "tests.read_counts", str(counts[0]), str(counts[1]), *args]
+    result = subprocess.run([sys.executable, "-c", _MEASURE, *command], capture_output=True, text=True, timeout=1200,
+                            cwd=REPO)
     peak = next((int(line.split()[1]) * 1024 for line in result.stdout.splitlines() if line.startswith("PEAK_KIB")), 0)
     return result, peak
 
@@ -118,16 +124,22 @@ def test_two_stage_pipeline_generates_like_transformers(checkpoint, tmp_path):
     """The two layers as two paged stages (fp32), driven by `dsa-export generate` with a ragged
     batch (prompts of 12 and 70 tokens, the second over two cache pages): each prompt gets the
     greedy tokens transformers gives it alone, in no more memory than the stages' weights plus
-    2 GiB."""
-    import numpy as np
-
+    2 GiB. The export reads config.json once and each shard header once (counted)."""
     import shutil
+
+    import numpy as np
 
     out = tmp_path / "stages"
     try:
+        counts = tmp_path / "reads.json"
         result, _ = _run("export", str(checkpoint.path), "--stages", "2", "--graph", "paged", "--dtype", "fp32",
-                         "-o", str(out))
+                         "-o", str(out), counts=(counts, checkpoint.path))
         assert result.returncode == 0, result.stderr
+        reads = json.loads(counts.read_text())
+        shards = sorted(p.name for p in checkpoint.path.glob("*.safetensors"))
+        assert len(shards) > 1 and reads["headers"] == dict.fromkeys(shards, 1), reads
+        assert reads["opens"]["config.json"] == 1, reads
+        assert reads["opens"].get("model.safetensors.index.json", 0) <= 1, reads
         ids = tmp_path / "ids.json"
         rng = np.random.default_rng(0)
         ids.write_text(json.dumps([rng.integers(0, 2048, n).tolist() for n in (12, 70)]))

@@ -330,8 +330,8 @@ def test_absurd_layer_counts_are_refused_by_arithmetic(tmp_path, capsys, layers)
 # -- the schema on its own -------------------------------------------------------------------------
 
 def _published() -> list[dict]:
-    from .test_plan import GLM5
-    from .test_plan import V32 as V32_CONFIG
+    from tests.stages.test_plan import GLM5
+    from tests.stages.test_plan import V32 as V32_CONFIG
 
     return [V32_CONFIG, GLM5]
 
@@ -364,7 +364,7 @@ def test_tiny_configs_pass(tmp_path, kind):
 
 def test_every_refusal_is_a_user_error():
     """The schema raises DSAUserError for any JSON value in any field, never another exception."""
-    from .test_plan import V32 as V32_CONFIG
+    from tests.stages.test_plan import V32 as V32_CONFIG
 
     odd = [None, True, False, -1, 0, 1, 2**70, 1.5, float("nan"), float("inf"), "", "evil", [], [1], {}, {"a": 1}]
     for key in list(V32_CONFIG) + ["mlp_layer_types", "layer_types", "indexer_types", "eos_token_id", "rope_scaling",
