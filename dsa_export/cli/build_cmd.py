@@ -7,8 +7,15 @@ from pathlib import Path
 import click
 
 from dsa_export.artifact.settings import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
-from dsa_export.cli.options import RTX_TARGET, check_outputs, emit_report, json_options, say
-from dsa_export.stages.plan import DEFAULT_MAX_SEQ
+from dsa_export.cli.options import (
+    RTX_TARGET,
+    StagePlanOptions,
+    check_outputs,
+    emit_report,
+    json_options,
+    say,
+    stage_plan_options,
+)
 
 
 @click.command(name="build")
@@ -41,18 +48,11 @@ from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch validation stage.")
 @click.option("--force", is_flag=True, help="Replace a non-empty OUTPUT folder that holds no previous build.")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="GPU index to check and build for.")
-@click.option("--stages", default=None, metavar="AUTO|N",
-              help="Build a Hugging Face checkpoint as pipeline stages (decode graphs, one build folder per stage, "
-                   "pipeline.json in -o); a stage export folder given as MODEL is built as its stages.")
-@click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages auto: memory of one GPU, e.g. 141GiB.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
-              help="With stages: GPUs to spread the stages over (stage i on GPU i mod N; default: the GPUs here).")
-@click.option("--devices", default=None, metavar="I,J,...", help="With stages: the GPU of each stage, in order.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With stages: largest batch of the prefill and decode profiles.")
-@click.option("--max-seq", type=click.IntRange(min=2), default=DEFAULT_MAX_SEQ, show_default=True,
-              help="With stages: largest prompt + generated length of the profiles (the default is the one of "
-                   "`plan` and `export --stages`).")
+@stage_plan_options(
+    when="With stages", stages_type=click.STRING, devices=True, min_seq=2,
+    gpus_help="GPUs to spread the stages over (stage i on GPU i mod N; default: the GPUs here).",
+    stages_help="Build a Hugging Face checkpoint as pipeline stages (decode graphs, one build folder per stage, "
+                "pipeline.json in -o); a stage export folder given as MODEL is built as its stages.")
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
               help="With stages: build each stage as a Ray task on a node with its own GPU (needs dsa-export[ray]).")
 @click.option("--graph", type=click.Choice(["decode", "paged"]), default=None,
@@ -63,8 +63,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
             version_compatible: bool, hardware_compatibility: str, optimization_level: int,
             rtx_targets: tuple[str, ...], calibration_data: str | None, skip_checks: bool, no_validate: bool,
-            force: bool, device: int, stages: str | None, gpu_memory: str | None, gpus: int | None,
-            devices: str | None, max_batch: int, max_seq: int, ray_address: str | None, graph: str | None,
+            force: bool, device: int, stage_plan: StagePlanOptions, ray_address: str | None, graph: str | None,
             as_json: bool, json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
@@ -89,12 +88,12 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
         rtx_targets=tuple(rtx_targets) or None, skip_checks=skip_checks,
         validate=not no_validate, calibration_data=calibration_data, force=force, device=device,
     )
-    staged = stages is not None or (model is not None and (Path(model) / "pipeline.json").is_file())
-    if not staged and any(v is not None for v in (gpu_memory, gpus, devices, ray_address, graph)):
+    staged = stage_plan.stages is not None or (model is not None and (Path(model) / "pipeline.json").is_file())
+    if not staged and any(v is not None for v in (stage_plan.gpu_memory, stage_plan.gpus, stage_plan.devices,
+                                                  ray_address, graph)):
         raise click.UsageError("--gpu-memory, --gpus, --devices, --ray and --graph apply to stage builds; add --stages.")
     if staged:
-        _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
-                      graph, as_json, json_out)
+        _build_stages(model, output, settings, stage_plan, ray_address, graph, as_json, json_out)
         return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
     result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
@@ -103,8 +102,8 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
                  "steps": [vars(step) for step in result.steps], "manifest": result.manifest}, as_json, json_out)
 
 
-def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, max_batch, max_seq, ray_address,
-                  graph, as_json, json_out) -> None:
+def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_address, graph, as_json,
+                  json_out) -> None:
     import time
 
     from dsa_export.quiet import user_stderr
@@ -113,32 +112,23 @@ def _build_stages(model, output, settings, stages, gpu_memory, gpus, devices, ma
 
     if model is None:
         raise click.UsageError("a stage build needs MODEL: a Hugging Face checkpoint directory or a stage export folder.")
-    if graph is not None and stages is None:
+    if graph is not None and stage_plan.stages is None:
         raise click.UsageError("--graph applies when building a checkpoint with --stages; a stage export folder keeps "
                                "the graph it was exported with.")
     if settings.ranges != DEFAULT_RANGE:
         raise click.UsageError("--min/--opt/--max-shapes do not apply to stage builds: their prefill and decode "
                                "profiles come from --max-batch and --max-seq.")
-    count: str | int | None = stages
-    if stages is not None and stages != "auto":
-        if not stages.isdigit() or int(stages) < 1:
-            raise click.BadParameter(f"{stages!r} is neither auto nor a stage count.", param_hint="--stages")
-        count = int(stages)
-    device_list = None
-    if devices is not None:
-        try:
-            device_list = [int(d) for d in devices.split(",")]
-        except ValueError:
-            raise click.BadParameter(f"{devices!r} is not a comma-separated list of GPU indices.",
-                                     param_hint="--devices") from None
+    count = stage_plan.stage_count()
+    device_list = stage_plan.device_list()
     # int8/fp8 stages are calibrated on ONNX Runtime's CPU provider: they are exported in fp32 (FP8
     # checkpoint weights stay FP8), like the single-file build's calibration input.
     dtype = settings.precision if settings.precision in ("fp32", "fp16", "bf16") else (
         "fp32" if settings.precision in ("int8", "fp8") else None)
     began = time.perf_counter()
     pipeline, outcomes, report = build_stages(
-        model, output, settings, stages=count, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
-        max_seq=max_seq, devices=device_list, ray=ray_address, dtype=dtype, graph=graph or "decode",
+        model, output, settings, stages=count, gpu_memory=stage_plan.gpu_memory, gpus=stage_plan.gpus,
+        max_batch=stage_plan.max_batch, max_seq=stage_plan.max_seq, devices=device_list, ray=ray_address, dtype=dtype,
+        graph=graph or "decode",
         say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "

@@ -7,11 +7,17 @@ from pathlib import Path
 
 import click
 
-from dsa_export.cli.options import LAYER_SPAN, check_outputs, emit_report, json_options, say
-from dsa_export.cli.plan_cmd import StageCount
+from dsa_export.cli.options import (
+    LAYER_SPAN,
+    StagePlanOptions,
+    check_outputs,
+    emit_report,
+    json_options,
+    say,
+    stage_plan_options,
+)
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
-from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 
 
 @click.command(name="export")
@@ -36,23 +42,18 @@ from dsa_export.stages.plan import DEFAULT_MAX_SEQ
                    "logits; what `generate` runs best).")
 @click.option("--layers", type=LAYER_SPAN, default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
-@click.option("--stages", type=StageCount(), default=None,
-              help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
-                   "balanced stages), one decode-graph .onnx per stage (--graph paged or prefill for those graphs) plus "
-                   "pipeline.json in the -o folder; resumable.")
-@click.option("--gpu-memory", default=None, metavar="SIZE", help="With --stages: memory of one GPU, e.g. 141GiB.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --stages: GPUs available.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --stages: largest batch the stages are planned for.")
-@click.option("--max-seq", type=click.IntRange(min=1), default=DEFAULT_MAX_SEQ, show_default=True,
-              help="With --stages: largest sequence length the stages are planned for.")
+@stage_plan_options(
+    when="With --stages",
+    stages_help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
+                "balanced stages), one decode-graph .onnx per stage (--graph paged or prefill for those graphs) plus "
+                "pipeline.json in the -o folder; resumable.")
 @click.option("--dequantize-fp8", is_flag=True,
               help="Hugging Face models stored in FP8: write the weights dequantized (in --dtype, default bf16) "
                    "for runtimes without FP8.")
 @json_options
 def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str | None, opset: int | None,
-            graph: str | None, layers: str | None, stages: str | int | None, gpu_memory: str | None, gpus: int | None,
-            max_batch: int, max_seq: int, dequantize_fp8: bool, as_json: bool, json_out: Path | None) -> None:
+            graph: str | None, layers: str | None, stage_plan: StagePlanOptions, dequantize_fp8: bool, as_json: bool,
+            json_out: Path | None) -> None:
     """Export MODEL to ONNX with DSA custom ops.
 
     MODEL is a built-in model name (default: tiny), path/file.py:factory, where factory()
@@ -73,6 +74,7 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         raise DSAUsageError("the output path is the model file itself; choose another -o.")
     if model and Path(model).is_dir() and output.resolve() == Path(model).resolve():
         raise DSAUsageError("the output path is the checkpoint folder itself; choose another -o.")
+    stages, gpu_memory, gpus = stage_plan.stages, stage_plan.gpu_memory, stage_plan.gpus
     is_hf = bool(model) and Path(model).is_dir()
     if not is_hf and (graph or layers or dequantize_fp8 or stages is not None):
         raise DSAUsageError("--graph, --layers, --stages and --dequantize-fp8 apply to Hugging Face model directories only.")
@@ -93,8 +95,8 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         if output.exists() and not output.is_dir():
             raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
         check_output_path(output, "-o", folder=True, inside=True)
-        _export_stages(Path(model), output, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph or "decode",
-                       dequantize_fp8, start, as_json, json_out)
+        _export_stages(Path(model), output, settings, stage_plan, graph or "decode", dequantize_fp8, start, as_json,
+                       json_out)
         return
     if output.is_dir():
         raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
@@ -132,12 +134,14 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     emit_report(report, as_json, json_out)
 
 
-def _export_stages(model: Path, output: Path, settings, stages, gpu_memory, gpus, max_batch, max_seq, graph,
-                   dequantize_fp8, start, as_json: bool, json_out: Path | None) -> None:
+def _export_stages(model: Path, output: Path, settings, stage_plan: StagePlanOptions, graph, dequantize_fp8, start,
+                   as_json: bool, json_out: Path | None) -> None:
     from dsa_export.stages.export import StageExportSettings, export_stages, stage_table
 
-    stage_settings = StageExportSettings(stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch,
-                                         max_seq=max_seq, graph=graph, dequantize_fp8=dequantize_fp8, export=settings)
+    stage_settings = StageExportSettings(stages=stage_plan.stages, gpu_memory=stage_plan.gpu_memory,
+                                         gpus=stage_plan.gpus, max_batch=stage_plan.max_batch,
+                                         max_seq=stage_plan.max_seq, graph=graph, dequantize_fp8=dequantize_fp8,
+                                         export=settings)
     pipeline, outcomes = export_stages(model, output, stage_settings)
     say(stage_table(outcomes), as_json)
     kept = sum(o.status == "kept" for o in outcomes)

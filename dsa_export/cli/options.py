@@ -8,12 +8,16 @@ usage errors (exit 2), raised by the parameter types below while the command lin
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import click
+
+from dsa_export.stages.plan import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ
 
 
 class IntList(click.ParamType):
@@ -94,6 +98,112 @@ class RtxTarget(click.ParamType):
 
 
 RTX_TARGET = RtxTarget()
+
+
+class StageCount(click.ParamType):
+    """``auto`` or a positive number of stages."""
+
+    name = "auto|N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        if not text.isdigit() or int(text) < 1:
+            self.fail(f"'{value}' is neither 'auto' nor a number of stages >= 1.", param, ctx)
+        return int(text)
+
+
+STAGE_COUNT = StageCount()
+
+
+@dataclass(frozen=True)
+class StagePlanOptions:
+    """The stage-planning options of ``plan``, ``export --stages`` and ``build --stages``, declared
+    once by :func:`stage_plan_options`. ``stages`` is ``auto``, a count, or None (no stages); build
+    takes it as typed and parses it with :meth:`stage_count`."""
+
+    stages: str | int | None = None
+    gpu_memory: str | None = None
+    gpus: int | None = None
+    devices: str | None = None
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_seq: int = DEFAULT_MAX_SEQ
+
+    def stage_count(self) -> str | int | None:
+        """``stages`` as ``auto``, a count or None; a usage error (exit 2) for anything else."""
+        if self.stages is None or self.stages == "auto" or isinstance(self.stages, int):
+            return self.stages
+        if not self.stages.isdigit() or int(self.stages) < 1:
+            raise click.BadParameter(f"{self.stages!r} is neither auto nor a stage count.", param_hint="--stages")
+        return int(self.stages)
+
+    def device_list(self) -> list[int] | None:
+        """``devices`` as GPU indices, or None; a usage error (exit 2) for anything else."""
+        if self.devices is None:
+            return None
+        try:
+            return [int(d) for d in self.devices.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"{self.devices!r} is not a comma-separated list of GPU indices.",
+                                     param_hint="--devices") from None
+
+
+def stage_plan_options(*, stages_help: str, when: str | None = None, stages_default: str | None = None,
+                       stages_type: click.ParamType = STAGE_COUNT, require_gpu_memory: bool = False,
+                       gpus_help: str = "GPUs available; refuse plans needing more.", devices: bool = False,
+                       min_seq: int = 1):
+    """Declare ``--stages --gpu-memory --gpus [--devices] --max-batch --max-seq`` and hand the
+    command one ``stage_plan: StagePlanOptions`` instead of their values.
+
+    Defaults are the same in every command (``--max-batch`` 1 and ``--max-seq``
+    :data:`DEFAULT_MAX_SEQ`, the defaults of :func:`dsa_export.stages.plan.plan_stages`); what
+    differs per command is passed here: ``when`` prefixes the help of the options that only apply
+    with stages (e.g. "With --stages"), ``stages_default`` ("auto" for ``plan``, which always plans),
+    ``stages_type`` (build takes the raw text and checks it with :meth:`StagePlanOptions.stage_count`
+    after MODEL), ``require_gpu_memory`` (``plan``), ``devices`` (``build`` places stages on GPUs)
+    and ``min_seq`` (``build --stages`` has always taken 2 or more).
+    """
+
+    def describe(text: str) -> str:
+        if not when:
+            return text
+        return f"{when}: {text if text[1:2].isupper() else text[0].lower() + text[1:]}"  # "GPUs" stays
+
+    options = [
+        click.option("--stages", type=stages_type, default=stages_default, show_default=stages_default is not None,
+                     metavar="AUTO|N", help=stages_help),
+        # No default= here: click 8.3 takes an explicit default=None as given and skips required=.
+        click.option("--gpu-memory", required=require_gpu_memory, metavar="SIZE",
+                     help=describe("Memory of one GPU: 141GiB, 80GB or a number of bytes (GiB = 2^30, GB = 10^9).")),
+        click.option("--gpus", type=click.IntRange(min=1), default=None, help=describe(gpus_help)),
+    ]
+    if devices:
+        options.append(click.option("--devices", default=None, metavar="I,J,...",
+                                    help=describe("The GPU of each stage, in order.")))
+    options += [
+        click.option("--max-batch", type=click.IntRange(min=1), default=DEFAULT_MAX_BATCH, show_default=True,
+                     help=describe("Largest batch of the profiles the stages are planned for.")),
+        click.option("--max-seq", type=click.IntRange(min=min_seq), default=DEFAULT_MAX_SEQ, show_default=True,
+                     help=describe("Largest sequence length of the profiles (prompt + generated tokens): the cache "
+                                   "length and the prefill length; the same default in `plan`, `export --stages` "
+                                   "and `build --stages`.")),
+    ]
+    names = [f.name for f in fields(StagePlanOptions) if devices or f.name != "devices"]
+
+    def decorate(function):
+        @functools.wraps(function)
+        def command(*args, **kwargs):
+            stage_plan = StagePlanOptions(**{name: kwargs.pop(name) for name in names})
+            return function(*args, stage_plan=stage_plan, **kwargs)
+
+        for option in reversed(options):  # click lists the options in the order of the list above
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def json_options(function):

@@ -10,46 +10,18 @@ from pathlib import Path
 
 import click
 
+from dsa_export.cli.options import StageCount, StagePlanOptions, stage_plan_options
 from dsa_export.errors import DSAUserError
-from dsa_export.stages.plan import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_SEQ,
-    DTYPE_BYTES,
-    StagesDoNotFit,
-    plan_stages,
-)
-
-
-class StageCount(click.ParamType):
-    """``auto`` or a positive number of stages."""
-
-    name = "auto|N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "auto":
-            return value
-        text = str(value).strip().lower()
-        if text == "auto":
-            return "auto"
-        if not text.isdigit() or int(text) < 1:
-            self.fail(f"'{value}' is neither 'auto' nor a number of stages >= 1.", param, ctx)
-        return int(text)
-
+from dsa_export.stages.plan import DTYPE_BYTES, StagesDoNotFit, plan_stages
 
 _DTYPES = ["auto", *DTYPE_BYTES]
 
 
 @click.command(name="plan")
 @click.argument("hf_dir", type=click.Path(path_type=Path))
-@click.option("--gpu-memory", required=True, metavar="SIZE",
-              help="Memory of one GPU: 141GiB, 80GB or a number of bytes (GiB = 2^30, GB = 10^9).")
-@click.option("--gpus", type=click.IntRange(min=1), default=None, help="GPUs available; refuse plans needing more.")
-@click.option("--stages", type=StageCount(), default="auto", show_default=True,
-              help="auto: the fewest stages that fit, balanced; N: N stages with the smallest largest stage.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=DEFAULT_MAX_BATCH, show_default=True,
-              help="Largest batch of the optimization profile.")
-@click.option("--max-seq", type=click.IntRange(min=1), default=DEFAULT_MAX_SEQ, show_default=True,
-              help="Largest sequence length of the profile: cache length and prefill length.")
+@stage_plan_options(stages_default="auto", require_gpu_memory=True,
+                    stages_help="auto: the fewest stages that fit, balanced; N: N stages with the smallest largest "
+                                "stage.")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="auto", show_default=True,
               help="Weights as an export with --dtype writes them; auto keeps the checkpoint's (FP8 stays FP8).")
 @click.option("--cache-dtype", type=click.Choice(_DTYPES), default="auto", show_default=True,
@@ -57,16 +29,18 @@ _DTYPES = ["auto", *DTYPE_BYTES]
 @click.option("--reserve", default="2GiB", show_default=True, metavar="SIZE",
               help="Per-GPU reserve for the CUDA context, TensorRT scratch and allocator slack.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def command(hf_dir: Path, gpu_memory: str, gpus: int | None, stages: str | int, max_batch: int, max_seq: int,
-            dtype: str, cache_dtype: str, reserve: str, as_json: bool) -> None:
+def command(hf_dir: Path, stage_plan: StagePlanOptions, dtype: str, cache_dtype: str, reserve: str,
+            as_json: bool) -> None:
     """Split the checkpoint HF_DIR (or its config.json) into contiguous pipeline stages that fit one GPU each.
 
     Each stage's total is its weights (exact from the safetensors headers when all shards are
     present, else from config.json) + its decode caches for --max-batch rows of --max-seq tokens +
     the activations of a --max-seq prefill + --reserve. Formulas: docs/plan.md.
     """
+    stages = stage_plan.stages
     kwargs = dict(
-        gpu_memory_bytes=gpu_memory, stages=stages, gpus=gpus, max_batch=max_batch, max_seq=max_seq,
+        gpu_memory_bytes=stage_plan.gpu_memory, stages=stages, gpus=stage_plan.gpus, max_batch=stage_plan.max_batch,
+        max_seq=stage_plan.max_seq,
         dtype=None if dtype == "auto" else dtype, cache_dtype=None if cache_dtype == "auto" else cache_dtype,
         reserve_bytes=reserve,
     )
@@ -85,3 +59,6 @@ def command(hf_dir: Path, gpu_memory: str, gpus: int | None, stages: str | int, 
         click.echo(plan.to_json() if as_json else plan.render_table())
         raise
     click.echo(plan.to_json() if as_json else plan.render_table())
+
+
+__all__ = ["StageCount", "command"]  # StageCount lives in dsa_export.cli.options; still importable here

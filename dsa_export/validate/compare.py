@@ -302,176 +302,262 @@ def with_indexer_outputs(model) -> tuple[bytes, list[str]]:
     return model.SerializeToString(), names
 
 
-def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings()) -> ValidationReport:
-    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output."""
-    import torch
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
-    from polygraphy.logger import G_LOGGER
+def validate_onnx(path: str | Path, settings: ValidationSettings = ValidationSettings(), *,
+                  model: onnx.ModelProto | None = None) -> ValidationReport:
+    """Run torch and ONNX Runtime on the same inputs through Polygraphy and judge every output.
 
-    from dsa_export.onnx_files import load_graph, metadata
+    ``model``: the graph of ``path`` without external data when the caller has read it already
+    (``build``), so the file is not parsed twice; its external data is checked all the same."""
+    return _Validation(Path(path), settings, model).run()
 
-    path = Path(path)
-    model = load_graph(path)
-    meta = metadata(model)
-    dtype = json.loads(meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
-    default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["fp32"])
-    atol = default_atol if settings.atol is None else settings.atol
-    rtol = default_rtol if settings.rtol is None else settings.rtol
-    error_stat = settings.error_stat or default_stat
-    tie_rtol = DEFAULT_TIE_RTOL.get(dtype, 1e-4) if settings.tie_rtol is None else settings.tie_rtol
-    if error_stat not in ERROR_STATS:
-        raise DSAUserError(f"error statistic '{error_stat}' is unknown; use one of {', '.join(ERROR_STATS)}.")
-    if dtype == "bf16":
-        import onnxruntime
 
-        if not set(onnxruntime.get_available_providers()) - {"CPUExecutionProvider", "AzureExecutionProvider"}:
-            raise DSAUserError(
-                "ONNX Runtime's CPU provider has no bf16 kernels, so a bf16 file cannot be validated here; "
-                "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
-            )
+@dataclass
+class _Runners:
+    """The two Polygraphy runners and what judging the indexer selections needs of them."""
 
-    from dsa_export.manifest import check_feeds, io_specs
-    from dsa_export.runtime.memory import dims_of, estimate, require_fits
-    from dsa_export.stages.record import verify_recorded_onnx
+    torch: TorchRunner
+    ort: object
+    reference_name: str
+    #: whether the indexer selections are compared (the reference records them)
+    select: bool
+    recorder: _RecordingReference | None
+    #: the DSAIndexerTopK outputs ONNX Runtime is asked for, in layer order
+    index_names: list[str]
 
-    verify_recorded_onnx(path, enabled=settings.verify)
-    source = _reference_source(meta, settings, path, dtype)
-    output_names = [o.name for o in model.graph.output]
-    onnx_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
-    specs, _ = io_specs(model)
-    feeds = []
-    for seq_len in settings.seq_lens:
-        inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
-        missing = sorted(set(onnx_inputs) - set(inputs))
-        if missing:
-            raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching --reference.")
-        feed = {name: _to_numpy(inputs[name], dtype) for name in onnx_inputs}
-        feed = check_feeds(specs, feed, f"'{path.name}'")
-        sizes = dims_of(model, {name: value.shape for name, value in feed.items()})
-        require_fits(estimate(model, sizes), f"validating at seq_len {seq_len} (batch {settings.batch})",
-                     fix="pass shorter --seq-lens or a smaller --batch")
-        feeds.append(feed)
 
-    # Loaded here rather than through the source's cached properties: the runner drops it once it
-    # has run, so the reference's weights are not held while ONNX Runtime runs (at real width
-    # that is a layer's float32 weights).
-    from dsa_export.quiet import third_party_output
+class _Validation:
+    """One :func:`validate_onnx` call: its settings resolved against the file, then
+    feeds -> runners -> Polygraphy comparison -> report, one method each."""
 
-    with third_party_output():  # transformers' loading bars
-        transformers_reference = source.reference_loader() if source.reference_loader is not None else None
-    select = transformers_reference is not None and hasattr(transformers_reference, "run_with_selections")
-    owned = transformers_reference is not None
-    if transformers_reference is not None:
-        reference, reference_name = transformers_reference, "transformers"
-    else:
-        reference, reference_name = source.runnable_module, "torch"
-        reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
-        if any(n.op_type in INDEXER_OPS for n in model.graph.node):
-            reference, select = TorchOpSelections(reference), True
-    del transformers_reference
-    recorder = _RecordingReference(reference) if select else None
-    torch_runner = TorchRunner(recorder or reference, metadata_from_onnx(model), output_names, name=reference_name,
-                               input_order=source.input_names, release_on_deactivate=owned)
-    del reference
-    index_names: list[str] = []
-    model_bytes = None
-    if select:
-        model_bytes, index_names = with_indexer_outputs(model)
-    ort_runner = polygraphy_runner(path, name="onnxruntime", model_bytes=model_bytes)
-    previous = G_LOGGER.module_severity
-    G_LOGGER.module_severity = G_LOGGER.ERROR
-    logs = contextlib.ExitStack()
-    logs.enter_context(polygraphy_to_stderr())  # its [W]/[E] lines are logs, not part of the report
-    try:
+    def __init__(self, path: Path, settings: ValidationSettings, model: onnx.ModelProto | None):
+        from dsa_export.onnx_files import load_graph, metadata
+
+        self.path, self.settings = path, settings
+        if model is None:
+            model = load_graph(path)
+        else:
+            from dsa_export.integrity import check_external_data
+
+            check_external_data(path, model, missing_ok=True)  # as load_graph does
+        self.model = model
+        self.meta = metadata(model)
+        self.dtype = json.loads(self.meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
+        default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(self.dtype, DEFAULT_TOLERANCES["fp32"])
+        self.atol = default_atol if settings.atol is None else settings.atol
+        self.rtol = default_rtol if settings.rtol is None else settings.rtol
+        self.error_stat = settings.error_stat or default_stat
+        self.tie_rtol = DEFAULT_TIE_RTOL.get(self.dtype, 1e-4) if settings.tie_rtol is None else settings.tie_rtol
+        if self.error_stat not in ERROR_STATS:
+            raise DSAUserError(f"error statistic '{self.error_stat}' is unknown; use one of {', '.join(ERROR_STATS)}.")
+        if self.dtype == "bf16":
+            _require_bf16_provider()
+        self.output_names = [o.name for o in model.graph.output]
+
+    def run(self) -> ValidationReport:
+        from dsa_export.stages.record import verify_recorded_onnx
+
+        verify_recorded_onnx(self.path, enabled=self.settings.verify)
+        source = _reference_source(self.meta, self.settings, self.path, self.dtype)
+        feeds = self.feeds(source)
+        runners = self.runners(source)
+        report = ValidationReport(
+            model=str(self.path), reference=source.spec, dtype=self.dtype, atol=self.atol, rtol=self.rtol,
+            error_stat=self.error_stat, runners=[runners.reference_name, "onnxruntime"],
+            tie_rtol=self.tie_rtol if runners.select else None,
+        )
+        results, excluded, past = self.compare(source, runners, feeds, report)
+        (_, torch_iters), (_, ort_iters) = results[0], results[1]
+        selections = selection_outputs(self.model)
+        for k, (seq_len, expected, actual) in enumerate(zip(self.settings.seq_lens, torch_iters, ort_iters)):
+            for name in self.output_names:
+                mask = excluded[k] if name not in selections else None
+                report.errors.append(self.output_error(seq_len, name, expected, actual, mask, past[k], feeds[k]))
+        self.verdict(report)
+        return report
+
+    def feeds(self, source) -> list[dict[str, np.ndarray]]:
+        """One feed per sequence length, checked against the file's inputs and the memory here."""
+        from dsa_export.manifest import check_feeds, io_specs
+        from dsa_export.runtime.memory import dims_of, estimate, require_fits
+
+        model, settings = self.model, self.settings
+        onnx_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+        specs, _ = io_specs(model)
+        feeds = []
+        for seq_len in settings.seq_lens:
+            inputs = source.inputs_for(settings.batch, seq_len, settings.seed)
+            missing = sorted(set(onnx_inputs) - set(inputs))
+            if missing:
+                raise DSAUserError(f"the reference gives no value for ONNX input(s) {missing}; pass the matching "
+                                   "--reference.")
+            feed = {name: _to_numpy(inputs[name], self.dtype) for name in onnx_inputs}
+            feed = check_feeds(specs, feed, f"'{self.path.name}'")
+            sizes = dims_of(model, {name: value.shape for name, value in feed.items()})
+            require_fits(estimate(model, sizes), f"validating at seq_len {seq_len} (batch {settings.batch})",
+                         fix="pass shorter --seq-lens or a smaller --batch")
+            feeds.append(feed)
+        return feeds
+
+    def runners(self, source) -> _Runners:
+        """The reference (transformers, else the fp32 torch module) and ONNX Runtime runners."""
+        import torch
+
+        from dsa_export.quiet import third_party_output
+
+        # Loaded here rather than through the source's cached properties: the runner drops it once it
+        # has run, so the reference's weights are not held while ONNX Runtime runs (at real width
+        # that is a layer's float32 weights).
+        with third_party_output():  # transformers' loading bars
+            transformers_reference = source.reference_loader() if source.reference_loader is not None else None
+        select = transformers_reference is not None and hasattr(transformers_reference, "run_with_selections")
+        owned = transformers_reference is not None
+        if transformers_reference is not None:
+            reference, reference_name = transformers_reference, "transformers"
+        else:
+            reference, reference_name = source.runnable_module, "torch"
+            reference.to(torch.float32)  # the reference is the fp32 model, whatever the file's dtype
+            if any(n.op_type in INDEXER_OPS for n in self.model.graph.node):
+                reference, select = TorchOpSelections(reference), True
+        del transformers_reference
+        recorder = _RecordingReference(reference) if select else None
+        torch_runner = TorchRunner(recorder or reference, metadata_from_onnx(self.model), self.output_names,
+                                   name=reference_name, input_order=source.input_names, release_on_deactivate=owned)
+        del reference
+        index_names: list[str] = []
+        model_bytes = None
+        if select:
+            model_bytes, index_names = with_indexer_outputs(self.model)
+        ort_runner = polygraphy_runner(self.path, name="onnxruntime", model_bytes=model_bytes)
+        return _Runners(torch_runner, ort_runner, reference_name, select, recorder, index_names)
+
+    def compare(self, source, runners: _Runners, feeds: list[dict], report: ValidationReport):
+        """Run both runners through Polygraphy and judge them: the selections per layer (into
+        ``report``), then every other output with near-tie positions left out. Returns the
+        results and, per feed, the excluded ``[B,S]`` positions and the decode step's past length."""
+        from polygraphy.comparator import Comparator, SimpleCompareFunc
+        from polygraphy.logger import G_LOGGER
+
+        previous = G_LOGGER.module_severity
+        G_LOGGER.module_severity = G_LOGGER.ERROR
+        logs = contextlib.ExitStack()
+        logs.enter_context(polygraphy_to_stderr())  # its [W]/[E] lines are logs, not part of the report
         try:
-            results = Comparator.run([torch_runner, ort_runner], data_loader=feeds)
+            results = self._run_comparator(Comparator, runners, feeds, source)
+            excluded: list[np.ndarray | None] = [None] * len(feeds)
+            past = [0] * len(feeds)
+            if runners.select:
+                self.judge_selections(results[1][1], runners, feeds, report, excluded, past)
+            self._exclude(results, excluded, past, feeds)
+            compare = SimpleCompareFunc(atol=self.atol, rtol=self.rtol, check_error_stat=self.error_stat)
+            report.passed = bool(Comparator.compare_accuracy(results, compare_func=compare))
+        finally:
+            G_LOGGER.module_severity = previous
+            logs.close()
+        return results, excluded, past
+
+    def _run_comparator(self, comparator, runners: _Runners, feeds: list[dict], source):
+        try:
+            return comparator.run([runners.torch, runners.ort], data_loader=feeds)
         except DSAUserError:
             raise
         except Exception as exc:
             from dsa_export.errors import as_user_error
 
-            mapped = as_user_error(exc, f"comparing '{path.name}' with {source.spec}")
+            mapped = as_user_error(exc, f"comparing '{self.path.name}' with {source.spec}")
             if mapped is None:
                 raise
             raise mapped from exc
+
+    def judge_selections(self, ort_iters, runners: _Runners, feeds: list[dict], report: ValidationReport,
+                         excluded: list, past: list[int]) -> None:
+        """Compare every indexer's selection with the reference's, per sequence length; fills
+        ``excluded`` (near-tie positions) and ``past`` per feed."""
+        for k, (seq_len, feed, outputs) in enumerate(zip(self.settings.seq_lens, feeds, ort_iters)):
+            ours = [np.asarray(outputs[name]) for name in runners.index_names]
+            for name in runners.index_names:
+                if name not in self.output_names:
+                    outputs.dct.pop(name)  # Polygraphy's IterationResult keeps its arrays in .dct
+            theirs = runners.recorder.records[k]
+            layers = sorted(theirs)
+            if len(layers) != len(ours):
+                raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
+            lengths, past[k] = _selection_lengths(feed, ours)
+            classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths,
+                                                      tie_rtol=self.tie_rtol, past=past[k])
+            report.selections[seq_len] = classified
+            report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
+            excluded[k] = diverged
+
+    def _exclude(self, results, excluded: list, past: list[int], feeds: list[dict]) -> None:
+        """Sort the selection outputs, and copy the reference over the near-tie positions of the
+        other outputs (Polygraphy then judges the rest)."""
         (_, torch_iters), (_, ort_iters) = results[0], results[1]
-        report = ValidationReport(
-            model=str(path), reference=source.spec, dtype=dtype, atol=atol, rtol=rtol, error_stat=error_stat,
-            runners=[reference_name, "onnxruntime"], tie_rtol=tie_rtol if select else None,
-        )
-        excluded: list[np.ndarray | None] = [None] * len(feeds)
-        past = [0] * len(feeds)
-        if select:
-            for k, (seq_len, feed, outputs) in enumerate(zip(settings.seq_lens, feeds, ort_iters)):
-                ours = [np.asarray(outputs[name]) for name in index_names]
-                for name in index_names:
-                    if name not in output_names:
-                        outputs.dct.pop(name)  # Polygraphy's IterationResult keeps its arrays in .dct
-                theirs = recorder.records[k]
-                layers = sorted(theirs)
-                if len(layers) != len(ours):
-                    raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
-                lengths = (feed["attention_mask"].sum(-1) if "attention_mask" in feed
-                           else np.full(ours[0].shape[0] if ours else 0, ours[0].shape[1] if ours else 0))
-                # A decode step's queries follow the cached keys: query s is key past + s.
-                past[k] = (int(feed["attention_mask"].shape[1]) - int(ours[0].shape[1])
-                           if ours and "attention_mask" in feed else 0)
-                if "query_start" in feed:  # a paged call: every row's queries start at one position
-                    starts = np.asarray(feed["query_start"])
-                    if starts.size and (starts != starts.flat[0]).any():
-                        raise DSAUserError("validating a paged graph needs rows that start at one position "
-                                           "(query_start); give equal query_start values.")
-                    past[k] = int(starts.flat[0]) if starts.size else 0
-                    lengths = starts + np.asarray(feed["query_lengths"])
-                classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths, tie_rtol=tie_rtol,
-                                                          past=past[k])
-                report.selections[seq_len] = classified
-                report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
-                excluded[k] = diverged
-        selections = selection_outputs(model)
+        selections = selection_outputs(self.model)
         canonicalize_selections(results, selections)
         for k, (expected, actual) in enumerate(zip(torch_iters, ort_iters)):
             if excluded[k] is not None and excluded[k].any():
-                for name in output_names:
+                for name in self.output_names:
                     if name in selections:
                         # Judged through the per-layer classification above.
                         actual[name] = np.asarray(expected[name])
                     else:
                         _exclude_positions(expected, actual, name, excluded[k], past[k], feeds[k])
-        compare = SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=error_stat)
-        verdict = Comparator.compare_accuracy(results, compare_func=compare)
-    finally:
-        G_LOGGER.module_severity = previous
-        logs.close()
-    report.passed = bool(verdict)
-    for k, (seq_len, expected, actual) in enumerate(zip(settings.seq_lens, torch_iters, ort_iters)):
-        mask = excluded[k]
-        for name in output_names:
-            ref = np.asarray(expected[name], dtype=np.float64)
-            out = np.asarray(actual[name], dtype=np.float64)
-            keep = None
-            aligned = (_aligned(mask, ref.shape, past[k], feeds[k]) if mask is not None and name not in selections
-                       else None)
-            if aligned is not None:
-                keep = ~aligned
-            r, o = (ref[keep], out[keep]) if keep is not None else (ref, out)
-            diff = np.abs(o - r)
-            rel = diff / np.maximum(np.abs(r), 1e-12)
-            denominator = float(np.linalg.norm(r) * np.linalg.norm(o))
-            report.errors.append(OutputError(
-                seq_len=seq_len, output=name, max_abs=float(diff.max()) if diff.size else 0.0,
-                median_abs=float(np.median(diff)) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
-                passed=_within(diff, rel, r, atol, rtol, error_stat) if diff.size else True,
-                excluded_positions=int(mask.sum()) if keep is not None else 0,
-                cosine=float((r * o).sum() / denominator) if denominator else None,
-            ))
-    if report.topk_overlap:
-        report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
-        report.passed = (report.passed and report.min_topk_overlap >= settings.min_topk_overlap
-                         and report.unexplained_selections == 0)
-    report.min_topk_overlap = report.min_topk_overlap if report.topk_overlap else None
-    report.passed = report.passed and all(e.passed for e in report.errors)
-    return report
+
+    def output_error(self, seq_len: int, name: str, expected, actual, mask: np.ndarray | None, past: int,
+                     feed: dict) -> OutputError:
+        """The error table row of one output at one sequence length (near-tie positions left out)."""
+        ref = np.asarray(expected[name], dtype=np.float64)
+        out = np.asarray(actual[name], dtype=np.float64)
+        keep = None
+        aligned = _aligned(mask, ref.shape, past, feed) if mask is not None else None
+        if aligned is not None:
+            keep = ~aligned
+        r, o = (ref[keep], out[keep]) if keep is not None else (ref, out)
+        diff = np.abs(o - r)
+        rel = diff / np.maximum(np.abs(r), 1e-12)
+        denominator = float(np.linalg.norm(r) * np.linalg.norm(o))
+        return OutputError(
+            seq_len=seq_len, output=name, max_abs=float(diff.max()) if diff.size else 0.0,
+            median_abs=float(np.median(diff)) if diff.size else 0.0, max_rel=float(rel.max()) if rel.size else 0.0,
+            passed=_within(diff, rel, r, self.atol, self.rtol, self.error_stat) if diff.size else True,
+            excluded_positions=int(mask.sum()) if keep is not None else 0,
+            cosine=float((r * o).sum() / denominator) if denominator else None,
+        )
+
+    def verdict(self, report: ValidationReport) -> None:
+        """Polygraphy's verdict (already in ``report.passed``), the top-k overlap and every row."""
+        if report.topk_overlap:
+            report.min_topk_overlap = min(v for layers in report.topk_overlap.values() for v in layers.values())
+            report.passed = (report.passed and report.min_topk_overlap >= self.settings.min_topk_overlap
+                             and report.unexplained_selections == 0)
+        report.min_topk_overlap = report.min_topk_overlap if report.topk_overlap else None
+        report.passed = report.passed and all(e.passed for e in report.errors)
+
+
+def _require_bf16_provider() -> None:
+    import onnxruntime
+
+    if not set(onnxruntime.get_available_providers()) - {"CPUExecutionProvider", "AzureExecutionProvider"}:
+        raise DSAUserError(
+            "ONNX Runtime's CPU provider has no bf16 kernels, so a bf16 file cannot be validated here; "
+            "validate the fp32 or fp16 export, or the TensorRT engine built from this file."
+        )
+
+
+def _selection_lengths(feed: dict, ours: list[np.ndarray]) -> tuple[np.ndarray, int]:
+    """Per row, the keys a query may see, and the position of the first query (a decode step's
+    queries follow the cached keys: query s is key past + s)."""
+    lengths = (feed["attention_mask"].sum(-1) if "attention_mask" in feed
+               else np.full(ours[0].shape[0] if ours else 0, ours[0].shape[1] if ours else 0))
+    past = int(feed["attention_mask"].shape[1]) - int(ours[0].shape[1]) if ours and "attention_mask" in feed else 0
+    if "query_start" in feed:  # a paged call: every row's queries start at one position
+        starts = np.asarray(feed["query_start"])
+        if starts.size and (starts != starts.flat[0]).any():
+            raise DSAUserError("validating a paged graph needs rows that start at one position "
+                               "(query_start); give equal query_start values.")
+        past = int(starts.flat[0]) if starts.size else 0
+        lengths = starts + np.asarray(feed["query_lengths"])
+    return lengths, past
 
 
 def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int, feed: dict | None = None) -> np.ndarray | None:

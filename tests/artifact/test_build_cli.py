@@ -20,7 +20,7 @@ def test_build_a_supplied_onnx_then_run_it(exported, tmp_path):
     out = tmp_path / "b"
     result = run("build", str(exported["plugin"]), "-o", str(out), "--no-validate", "--max-shapes", "sequence=256")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0].split() == ["stage", "status", "time", "result"]
+    assert result.stdout.splitlines()[0].split() == ["step", "status", "time", "result"]
     assert "export     skipped" in result.stdout and "validate   skipped" in result.stdout
     assert "[5/5] engine: done" in result.stderr and result.stderr.startswith("Probing the environment")
     manifest = json.loads((out / "manifest.json").read_text())

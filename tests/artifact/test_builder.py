@@ -93,7 +93,7 @@ def test_a_failing_stage_leaves_no_output(tmp_path, exported, monkeypatch, error
         build(_quick(out, exported["plugin"]), log=lambda line: None)
     assert not out.exists()
     assert _leftovers(tmp_path, "out") == []
-    assert pipeline.STEPS[-1] == "engine"
+    assert builder.STEPS[-1] == "engine"
 
 
 def test_a_failed_rebuild_keeps_the_previous_build(tmp_path, exported, monkeypatch):
