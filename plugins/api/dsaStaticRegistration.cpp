@@ -1,7 +1,7 @@
 /*
  * Load-time registration for libdsa_plugins_static.so: dlopen()ing the library registers all
- * creators with the global plugin registry (what `polygraphy run --plugins` relies on). Links
- * libnvinfer for getPluginRegistry().
+ * creators of api/dsaCreators.h with the global plugin registry (what `polygraphy run --plugins`
+ * relies on). Links libnvinfer for getPluginRegistry().
  *
  * The creators are registered explicitly under the namespace they report ("dsa"):
  * REGISTER_TENSORRT_PLUGIN registers under "", and a V3 creator cannot be told another namespace,
@@ -10,11 +10,8 @@
  */
 #include "NvInferRuntime.h"
 
+#include "api/dsaCreators.h"
 #include "common/dsaPluginCommon.h"
-#include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionPlugin.h"
-#include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
-#include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
-#include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
 
 #include <string>
 
@@ -25,30 +22,32 @@ namespace plugin
 namespace
 {
 
-//! Owns one creator and registers it under kPLUGIN_NAMESPACE when the library is loaded.
-template <typename Creator>
-class NamespacedRegistrar
+//! Registers one creator under kPLUGIN_NAMESPACE; a failure is logged.
+void registerUnderNamespace(nvinfer1::IPluginCreatorV3One& creator)
+{
+    nvinfer1::IPluginRegistry* registry = ::getPluginRegistry();
+    if (registry == nullptr || !registry->registerCreator(creator, kPLUGIN_NAMESPACE))
+    {
+        logError(std::string("could not register the ") + creator.getPluginName()
+            + " plugin creator under namespace \"" + kPLUGIN_NAMESPACE + "\" (already registered?)");
+    }
+}
+
+//! Registers the creators of a plugin list, in its order, when the library is loaded.
+template <class List>
+class NamespacedRegistrar;
+
+template <class... Plugins>
+class NamespacedRegistrar<PluginList<Plugins...>>
 {
 public:
     NamespacedRegistrar()
     {
-        nvinfer1::IPluginRegistry* registry = ::getPluginRegistry();
-        if (registry == nullptr || !registry->registerCreator(mCreator, kPLUGIN_NAMESPACE))
-        {
-            logError(std::string("could not register the ") + mCreator.getPluginName()
-                + " plugin creator under namespace \"" + kPLUGIN_NAMESPACE + "\" (already registered?)");
-        }
+        (registerUnderNamespace(creatorOf<Plugins>()), ...);
     }
-
-private:
-    Creator mCreator{};
 };
 
-NamespacedRegistrar<DSAIndexerTopKPluginCreator> gIndexerRegistrar;
-NamespacedRegistrar<DSASparseAttentionPluginCreator> gAttentionRegistrar;
-NamespacedRegistrar<DSABlockSparseAttentionPluginCreator> gBlockAttentionRegistrar;
-NamespacedRegistrar<DSAMoEExpertsPluginCreator> gMoERegistrar;
-NamespacedRegistrar<DSAMoEExpertsFP8PluginCreator> gMoEFP8Registrar;
+NamespacedRegistrar<DSAPlugins> gRegistrar;
 
 } // namespace
 } // namespace plugin

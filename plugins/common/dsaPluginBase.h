@@ -1,13 +1,20 @@
 /*
- * The IPluginV3 boilerplate every DSA plugin shares, so that each plugin folder holds only what
- * differs (shape rules, type rules, output shapes, workspace, enqueue):
+ * The IPluginV3 machinery every DSA plugin shares, so that each plugin folder holds only what
+ * differs (its I/O table, shape rules, type rules, output shapes, workspace, the kernel call):
  *
- *   DSAPluginBase         core/build/runtime capability interfaces, name/version/namespace,
- *                         clone/attachToContext, configurePlugin/onShapeChange forwarding to one
- *                         checkInputs() hook, timing-cache ID and metadata, serialized fields.
- *   DSAPluginCreatorBase  creator: field names, createPlugin() with field lookup and error logging.
- *   PluginFieldList       the fields a plugin serializes (pointers into its own members).
- *   PluginFieldReader     by-name access to the fields handed to createPlugin().
+ *   DSAPluginBase         core/build/runtime capability interfaces; driven by the plugin's table
+ *                         (common/dsaPluginTable.h): name/version/namespace, getNbOutputs, the input
+ *                         and output counts of configurePlugin/onShapeChange (then one checkInputs()
+ *                         hook), getOutputDataTypes, getOutputShapes, supportsFormatCombination and
+ *                         enqueue (each then one hook), the attribute values with their serialized
+ *                         fields and timing-cache ID / metadata string; clone/attachToContext.
+ *   DSAPlugin<D, Table>   CRTP layer of a plugin class D: its table, clone, compile-time positions of
+ *                         its inputs and attributes by name.
+ *   DSAPluginCreatorBase  creator: field names from the table, createPlugin() with the by-name field
+ *                         lookup of the table's attributes and error logging.
+ *   DSAPluginCreator<P>   the creator of plugin class P: calls P::create(fields).
+ *   PluginFieldList       the fields a plugin serializes (pointers into its attribute values).
+ *   PluginFieldReader     the table's attributes from the fields handed to createPlugin().
  *   guarded()             runs a body and turns exceptions into a logged error and a failure value.
  *
  * Uses only inline/virtual TensorRT API, so libdsa_plugins.so still links without libnvinfer.
@@ -16,10 +23,12 @@
 
 #include "NvInferRuntime.h"
 #include "common/dsaPluginCommon.h"
+#include "common/dsaPluginTable.h"
 
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dsa
@@ -48,7 +57,7 @@ R guarded(char const* plugin, char const* where, R failure, F&& fn) noexcept
 }
 
 //! The attributes a plugin serializes, as TensorRT plugin fields pointing into the plugin's own
-//! members. Not copyable: a copied plugin rebuilds its list so the pointers refer to its members.
+//! values. Not copyable: a copied plugin rebuilds its list so the pointers refer to its values.
 class PluginFieldList
 {
 public:
@@ -68,26 +77,54 @@ private:
     nvinfer1::PluginFieldCollection mCollection{};
 };
 
-//! By-name access to the fields of createPlugin(). Unknown fields are logged (verbose) and ignored;
-//! a field given twice takes its last value. Getters throw PluginError on missing required fields
-//! or wrong field types.
+//! The fields of createPlugin(), read as the table's attributes. Fields the table does not declare
+//! are logged (verbose) and ignored; a field given twice takes its last value. Getters throw
+//! PluginError on missing required attributes or wrong field types.
 class PluginFieldReader
 {
 public:
-    PluginFieldReader(
-        char const* pluginName, nvinfer1::PluginFieldCollection const* fc, std::vector<std::string> const& known);
+    PluginFieldReader(PluginTable const& table, nvinfer1::PluginFieldCollection const* fc);
 
-    bool has(char const* name) const;
-    int64_t requireInt(char const* name) const;
-    int64_t getInt(char const* name, int64_t defaultValue) const;
-    float requireFloat(char const* name) const;
-    float getFloat(char const* name, float defaultValue) const;
-    std::string getString(char const* name, std::string const& defaultValue) const;
+    //! Attribute `attribute` (its position in the table) of type kINT32, or its default when absent.
+    int64_t getInt(int32_t attribute) const;
+    //! Attribute `attribute` of type kFLOAT32, or its default when absent.
+    float getFloat(int32_t attribute) const;
+    //! Attribute `attribute` of type kSTRING, or its default when absent.
+    std::string getString(int32_t attribute) const;
 
 private:
-    nvinfer1::PluginField const* find(char const* name) const;
+    //! The table entry of `attribute`, checked to have type `type`.
+    AttrSpec const& spec(int32_t attribute, AttrType type) const;
+    //! The field of the attribute, or nullptr when absent (then PluginError if it is required).
+    nvinfer1::PluginField const* find(AttrSpec const& spec) const;
 
+    PluginTable const& mTable;
     nvinfer1::PluginFieldCollection const* mFc;
+};
+
+//! The value of one attribute, of the type its table entry declares (int32, float or string).
+struct AttributeValue
+{
+    AttributeValue(int32_t value) noexcept
+        : type(AttrType::kINT32)
+        , intValue(value)
+    {
+    }
+    AttributeValue(float value) noexcept
+        : type(AttrType::kFLOAT32)
+        , floatValue(value)
+    {
+    }
+    AttributeValue(std::string value)
+        : type(AttrType::kSTRING)
+        , stringValue(std::move(value))
+    {
+    }
+
+    AttrType type;
+    int32_t intValue{0};
+    float floatValue{0.F};
+    std::string stringValue;
 };
 
 //! Base of the DSA plugins: one class implements the three IPluginV3One capability interfaces.
@@ -109,45 +146,140 @@ public:
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
 
-    // IPluginV3OneBuild (the shape/type/format/workspace rules stay with each plugin)
+    // IPluginV3OneBuild (getWorkspaceSize: TensorRT's default of 0 unless the plugin overrides it)
     int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
+        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
+    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
+        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
+        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
+    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
+        int32_t nbOutputs) noexcept override;
     int32_t getNbOutputs() const noexcept override;
     char const* getTimingCacheID() noexcept override;
     char const* getMetadataString() noexcept override;
 
-    // IPluginV3OneRuntime (enqueue stays with each plugin)
+    // IPluginV3OneRuntime
     int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
         int32_t nbOutputs) noexcept override;
+    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
     nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 protected:
-    explicit DSAPluginBase(char const* pluginName);
-    //! Copies the name only; the derived copy constructor rebuilds mFields and mDescription.
+    //! attributes: one value per attribute of the table, in its order and of its types.
+    DSAPluginBase(PluginTable const& table, std::vector<AttributeValue> attributes);
+    //! Copies the table, the attribute values and the input count, and rebuilds the field list.
     DSAPluginBase(DSAPluginBase const& other);
 
-    //! Validates the input shapes (build-time dims may be -1) and records what enqueue needs, e.g.
-    //! how many inputs are present. Called by configurePlugin and onShapeChange; throws PluginError.
+    //! Validates the input shapes (build-time dims may be -1), the input count being one the table
+    //! takes. Called by configurePlugin and onShapeChange; throws PluginError.
     virtual void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) = 0;
+    //! Sets the output types from the input types (counts already checked); false when it cannot,
+    //! which getOutputDataTypes reports as a wrong input or output count.
+    virtual bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept
+        = 0;
+    //! Sets the output shapes (pointers and counts already checked); throws PluginError.
+    virtual void inferOutputShapes(
+        nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs, nvinfer1::IExprBuilder& exprBuilder) const
+        = 0;
+    //! The type rule of position `pos` (position, output count, input count and linear format
+    //! already checked).
+    virtual bool supportsType(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const
+        noexcept
+        = 0;
+    //! Whether supportsFormatCombination() refuses input counts the table does not take (default),
+    //! or leaves the count to configurePlugin's message.
+    virtual bool formatsNeedInputCount() const noexcept
+    {
+        return true;
+    }
+    //! Checks what enqueue needs beyond non-null pointers and launches the kernel; throws PluginError.
+    virtual void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
+        void* workspace, cudaStream_t stream) const
+        = 0;
     //! A copy of this plugin (may throw).
     virtual DSAPluginBase* cloneImpl() const = 0;
+
+    //! The table's attribute values, by position in the table.
+    int32_t int32Attr(int32_t attribute) const
+    {
+        return mAttributes[attribute].intValue;
+    }
+    float float32Attr(int32_t attribute) const
+    {
+        return mAttributes[attribute].floatValue;
+    }
+    std::string const& stringAttr(int32_t attribute) const
+    {
+        return mAttributes[attribute].stringValue;
+    }
+    //! Whether input `index` is present (optional inputs; set by configurePlugin/onShapeChange).
+    bool hasInput(int32_t index) const
+    {
+        return index < mNbInputs;
+    }
+    //! The input count the table allows, for messages: "4", "3 or 4", "3 to 5".
+    std::string inputCountText() const;
 
     template <typename R, typename F>
     R guard(char const* where, R failure, F&& fn) const noexcept
     {
-        return guarded(mPluginName, where, failure, static_cast<F&&>(fn));
+        return guarded(mTable.name, where, failure, static_cast<F&&>(fn));
     }
 
+private:
+    void initFields();
+    //! The shared part of configurePlugin and onShapeChange.
+    void checkInputCount(nvinfer1::Dims const* dims, int32_t nbInputs);
+
+    PluginTable const& mTable;
+    std::vector<AttributeValue> mAttributes;
+    int32_t mNbInputs;
     PluginFieldList mFields;  //!< what getFieldsToSerialize() returns
     std::string mDescription; //!< attributes as text: timing-cache ID and metadata string
-
-private:
-    char const* mPluginName;
 };
 
-//! Base of the DSA plugin creators: the declared fields, names, and a createPlugin() that looks the
-//! fields up by name and turns exceptions into a logged error and a null plugin.
+//! The CRTP layer of a plugin class: `class P : public DSAPlugin<P, PTable>`, where PTable is the
+//! plugin's table struct (common/dsaPluginTable.h). P is copyable; it provides the hooks of
+//! DSAPluginBase and `static P* create(PluginFieldReader const& fields)` for its creator.
+template <class Derived, class TableT>
+class DSAPlugin : public DSAPluginBase
+{
+public:
+    using Table = TableT;
+    static constexpr PluginTable kTABLE = makeTable<TableT>();
+    static_assert(kTABLE.isValid(), "a plugin table needs an output, optional inputs last and unique names");
+
+    //! Position of an input, by name (a compile-time constant; a misspelt name does not compile).
+    static constexpr int32_t inputIndex(char const* name)
+    {
+        return kTABLE.inputIndex(name);
+    }
+    //! Position of an attribute, by name (a compile-time constant).
+    static constexpr int32_t attributeIndex(char const* name)
+    {
+        return kTABLE.attributeIndex(name);
+    }
+
+protected:
+    explicit DSAPlugin(std::vector<AttributeValue> attributes)
+        : DSAPluginBase(kTABLE, std::move(attributes))
+    {
+    }
+    DSAPlugin(DSAPlugin const& other) = default;
+
+private:
+    DSAPluginBase* cloneImpl() const override
+    {
+        return new Derived(static_cast<Derived const&>(*this));
+    }
+};
+
+//! Base of the DSA plugin creators: the table's field names, names, and a createPlugin() that reads
+//! the fields as the table's attributes and turns exceptions into a logged error and a null plugin.
 class DSAPluginCreatorBase : public nvinfer1::IPluginCreatorV3One
 {
 public:
@@ -161,17 +293,32 @@ public:
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
 
 protected:
-    //! fieldNames: the attributes this plugin takes (data null), as getFieldNames() reports them.
-    DSAPluginCreatorBase(char const* pluginName, std::vector<nvinfer1::PluginField> fieldNames);
+    explicit DSAPluginCreatorBase(PluginTable const& table);
 
     //! Builds the plugin from its fields (may throw PluginError).
     virtual nvinfer1::IPluginV3* create(PluginFieldReader const& fields, nvinfer1::TensorRTPhase phase) = 0;
 
 private:
-    char const* mPluginName;
+    PluginTable const& mTable;
     std::vector<nvinfer1::PluginField> mFieldNames;
-    std::vector<std::string> mKnown;
     nvinfer1::PluginFieldCollection mFieldCollection{};
+};
+
+//! The creator of plugin class Plugin (a DSAPlugin): its table's name and fields, Plugin::create().
+template <class Plugin>
+class DSAPluginCreator : public DSAPluginCreatorBase
+{
+public:
+    DSAPluginCreator()
+        : DSAPluginCreatorBase(Plugin::kTABLE)
+    {
+    }
+
+protected:
+    nvinfer1::IPluginV3* create(PluginFieldReader const& fields, nvinfer1::TensorRTPhase /*phase*/) override
+    {
+        return Plugin::create(fields);
+    }
 };
 
 } // namespace plugin

@@ -14,12 +14,14 @@ namespace plugin
 {
 namespace
 {
-constexpr char const* kPLUGIN_NAME = "DSABlockSparseAttention";
-constexpr int32_t kIN_Q = 0;
-constexpr int32_t kIN_K = 1;
-constexpr int32_t kIN_V = 2;
-constexpr int32_t kIN_BLOCK_INDEX = 3;
-constexpr int32_t kNB_INPUTS = 4;
+using Plugin = DSABlockSparseAttentionPlugin;
+constexpr int32_t kIN_Q = Plugin::inputIndex("q");
+constexpr int32_t kIN_K = Plugin::inputIndex("k");
+constexpr int32_t kIN_V = Plugin::inputIndex("v");
+constexpr int32_t kIN_BLOCK_INDEX = Plugin::inputIndex("block_index");
+constexpr int32_t kBLOCK_SIZE = Plugin::attributeIndex("block_size");
+constexpr int32_t kSCALE = Plugin::attributeIndex("scale");
+constexpr int32_t kCAUSAL = Plugin::attributeIndex("causal");
 
 int32_t checkedInt32(int64_t value, char const* name)
 {
@@ -32,58 +34,33 @@ int32_t checkedInt32(int64_t value, char const* name)
 } // namespace
 
 DSABlockSparseAttentionPlugin::DSABlockSparseAttentionPlugin(int32_t blockSize, float scale, int32_t causal)
-    : DSAPluginBase(kPLUGIN_NAME)
-    , mBlockSize(blockSize)
-    , mScale(scale)
-    , mCausal(causal)
+    : DSAPlugin({blockSize, scale, causal})
 {
-    if (mBlockSize < 1)
+    if (blockSize < 1)
     {
-        throw PluginError("DSABlockSparseAttention: attribute 'block_size' must be at least 1, got "
-            + std::to_string(mBlockSize));
+        throw PluginError(
+            "DSABlockSparseAttention: attribute 'block_size' must be at least 1, got " + std::to_string(blockSize));
     }
-    if (!std::isfinite(mScale))
+    if (!std::isfinite(scale))
     {
         throw PluginError("DSABlockSparseAttention: attribute 'scale' must be finite");
     }
-    if (mCausal != 0 && mCausal != 1)
+    if (causal != 0 && causal != 1)
     {
-        throw PluginError("DSABlockSparseAttention: attribute 'causal' must be 0 or 1, got " + std::to_string(mCausal));
+        throw PluginError("DSABlockSparseAttention: attribute 'causal' must be 0 or 1, got " + std::to_string(causal));
     }
-    initFields();
 }
 
-DSABlockSparseAttentionPlugin::DSABlockSparseAttentionPlugin(DSABlockSparseAttentionPlugin const& other)
-    : DSAPluginBase(other)
-    , mBlockSize(other.mBlockSize)
-    , mScale(other.mScale)
-    , mCausal(other.mCausal)
+DSABlockSparseAttentionPlugin* DSABlockSparseAttentionPlugin::create(PluginFieldReader const& fields)
 {
-    initFields();
+    int32_t const blockSize = checkedInt32(fields.getInt(kBLOCK_SIZE), "block_size");
+    float const scale = fields.getFloat(kSCALE);
+    int32_t const causal = checkedInt32(fields.getInt(kCAUSAL), "causal");
+    return new DSABlockSparseAttentionPlugin(blockSize, scale, causal);
 }
 
-void DSABlockSparseAttentionPlugin::initFields()
+void DSABlockSparseAttentionPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
 {
-    mFields.clear();
-    mFields.addInt32("block_size", &mBlockSize);
-    mFields.addFloat32("scale", &mScale);
-    mFields.addInt32("causal", &mCausal);
-    mDescription = "block_size=" + std::to_string(mBlockSize) + ";scale=" + std::to_string(mScale)
-        + ";causal=" + std::to_string(mCausal);
-}
-
-DSAPluginBase* DSABlockSparseAttentionPlugin::cloneImpl() const
-{
-    return new DSABlockSparseAttentionPlugin(*this);
-}
-
-void DSABlockSparseAttentionPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
-{
-    if (nbInputs != kNB_INPUTS)
-    {
-        throw PluginError(
-            "DSABlockSparseAttention takes 4 inputs (q, k, v, block_index), got " + std::to_string(nbInputs));
-    }
     Dims const& q = dims[kIN_Q];
     Dims const& k = dims[kIN_K];
     Dims const& v = dims[kIN_V];
@@ -108,60 +85,43 @@ void DSABlockSparseAttentionPlugin::checkInputs(Dims const* dims, int32_t nbInpu
             + dimsToString(k) + ", v " + dimsToString(v) + ", block_index " + dimsToString(bi)
             + " (H must be a multiple of Hkv; block_index has q's B and H)");
     }
-    if (q.d[1] >= 0 && bi.d[2] >= 0 && bi.d[2] != (q.d[1] + mBlockSize - 1) / mBlockSize)
+    int32_t const blockSize = int32Attr(kBLOCK_SIZE);
+    if (q.d[1] >= 0 && bi.d[2] >= 0 && bi.d[2] != (q.d[1] + blockSize - 1) / blockSize)
     {
         throw PluginError("DSABlockSparseAttention: block_index " + dimsToString(bi) + " must have ceil(S/"
-            + std::to_string(mBlockSize) + ") = " + std::to_string((q.d[1] + mBlockSize - 1) / mBlockSize)
+            + std::to_string(blockSize) + ") = " + std::to_string((q.d[1] + blockSize - 1) / blockSize)
             + " query blocks for q " + dimsToString(q));
     }
 }
 
-int32_t DSABlockSparseAttentionPlugin::getOutputDataTypes(
-    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+bool DSABlockSparseAttentionPlugin::inferOutputTypes(DataType* outputTypes, DataType const* inputTypes) const noexcept
 {
-    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
+    if (inputTypes == nullptr)
     {
-        logError("DSABlockSparseAttention getOutputDataTypes: expected 4 inputs and 1 output");
-        return -1;
+        return false;
     }
     outputTypes[0] = inputTypes[kIN_Q];
-    return 0;
+    return true;
 }
 
-int32_t DSABlockSparseAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
-    DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
-    IExprBuilder& /*exprBuilder*/) noexcept
+void DSABlockSparseAttentionPlugin::inferOutputShapes(
+    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& /*exprBuilder*/) const
 {
-    return guard("getOutputShapes", -1, [&]() {
-        if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
-        {
-            throw PluginError("expected 4 inputs and 1 output");
-        }
-        if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
-        {
-            throw PluginError("q and v must be 4-D");
-        }
-        outputs[0].nbDims = 4;
-        outputs[0].d[0] = inputs[kIN_Q].d[0];
-        outputs[0].d[1] = inputs[kIN_Q].d[1];
-        outputs[0].d[2] = inputs[kIN_Q].d[2];
-        outputs[0].d[3] = inputs[kIN_V].d[3];
-        return 0;
-    });
-}
-
-bool DSABlockSparseAttentionPlugin::supportsFormatCombination(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
-{
-    if (inOut == nullptr || nbInputs != kNB_INPUTS || nbOutputs != 1 || pos < 0 || pos >= nbInputs + nbOutputs)
+    if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
     {
-        return false;
+        throw PluginError("q and v must be 4-D");
     }
+    outputs[0].nbDims = 4;
+    outputs[0].d[0] = inputs[kIN_Q].d[0];
+    outputs[0].d[1] = inputs[kIN_Q].d[1];
+    outputs[0].d[2] = inputs[kIN_Q].d[2];
+    outputs[0].d[3] = inputs[kIN_V].d[3];
+}
+
+bool DSABlockSparseAttentionPlugin::supportsType(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
+{
     PluginTensorDesc const& desc = inOut[pos].desc;
-    if (desc.format != TensorFormat::kLINEAR)
-    {
-        return false;
-    }
     if (pos == kIN_Q)
     {
         return isFloatType(desc.type);
@@ -174,71 +134,42 @@ bool DSABlockSparseAttentionPlugin::supportsFormatCombination(
     return desc.type == inOut[kIN_Q].desc.type;
 }
 
-size_t DSABlockSparseAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/,
-    int32_t /*nbInputs*/, DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+void DSABlockSparseAttentionPlugin::launch(PluginTensorDesc const* inputDesc, void const* const* inputs,
+    void* const* outputs, void* /*workspace*/, cudaStream_t stream) const
 {
-    return 0;
-}
-
-int32_t DSABlockSparseAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc,
-    PluginTensorDesc const* /*outputDesc*/, void const* const* inputs, void* const* outputs, void* /*workspace*/,
-    cudaStream_t stream) noexcept
-{
-    return guard("enqueue", -1, [&]() {
-        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
-        {
-            throw PluginError("null tensor descriptors or pointers");
-        }
-        DType dtype{};
-        if (!toKernelDType(inputDesc[kIN_Q].type, dtype))
-        {
-            throw PluginError("unsupported input type");
-        }
-        Dims const& q = inputDesc[kIN_Q].dims;
-        Dims const& k = inputDesc[kIN_K].dims;
-        Dims const& v = inputDesc[kIN_V].dims;
-        Dims const& bi = inputDesc[kIN_BLOCK_INDEX].dims;
-        if (bi.d[2] != (q.d[1] + mBlockSize - 1) / mBlockSize || v.d[1] != k.d[1])
-        {
-            throw PluginError("block_index " + dimsToString(bi) + " must have ceil(S/block_size) query blocks and v "
-                + dimsToString(v) + " k's T rows, for q " + dimsToString(q) + " and k " + dimsToString(k));
-        }
-        BlockSparseAttentionParams p;
-        p.q = inputs[kIN_Q];
-        p.k = inputs[kIN_K];
-        p.v = inputs[kIN_V];
-        p.blockIndex = static_cast<int32_t const*>(inputs[kIN_BLOCK_INDEX]);
-        p.out = outputs[0];
-        p.B = q.d[0];
-        p.S = q.d[1];
-        p.H = q.d[2];
-        p.Dk = q.d[3];
-        p.T = k.d[1];
-        p.Hkv = k.d[2];
-        p.Dv = v.d[3];
-        p.Kb = bi.d[3];
-        p.blockSize = mBlockSize;
-        p.scale = mScale;
-        p.causal = mCausal != 0;
-        checkKernelStatus(launchBlockSparseAttention(p, dtype, stream), "DSABlockSparseAttention kernel");
-        return 0;
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-
-DSABlockSparseAttentionPluginCreator::DSABlockSparseAttentionPluginCreator()
-    : DSAPluginCreatorBase(kPLUGIN_NAME,
-        {PluginField("block_size", nullptr, PluginFieldType::kINT32, 1),
-            PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1),
-            PluginField("causal", nullptr, PluginFieldType::kINT32, 1)})
-{
-}
-
-IPluginV3* DSABlockSparseAttentionPluginCreator::create(PluginFieldReader const& fields, TensorRTPhase /*phase*/)
-{
-    return new DSABlockSparseAttentionPlugin(checkedInt32(fields.requireInt("block_size"), "block_size"),
-        fields.requireFloat("scale"), checkedInt32(fields.getInt("causal", 1), "causal"));
+    DType dtype{};
+    if (!toKernelDType(inputDesc[kIN_Q].type, dtype))
+    {
+        throw PluginError("unsupported input type");
+    }
+    Dims const& q = inputDesc[kIN_Q].dims;
+    Dims const& k = inputDesc[kIN_K].dims;
+    Dims const& v = inputDesc[kIN_V].dims;
+    Dims const& bi = inputDesc[kIN_BLOCK_INDEX].dims;
+    int32_t const blockSize = int32Attr(kBLOCK_SIZE);
+    if (bi.d[2] != (q.d[1] + blockSize - 1) / blockSize || v.d[1] != k.d[1])
+    {
+        throw PluginError("block_index " + dimsToString(bi) + " must have ceil(S/block_size) query blocks and v "
+            + dimsToString(v) + " k's T rows, for q " + dimsToString(q) + " and k " + dimsToString(k));
+    }
+    BlockSparseAttentionParams p;
+    p.q = inputs[kIN_Q];
+    p.k = inputs[kIN_K];
+    p.v = inputs[kIN_V];
+    p.blockIndex = static_cast<int32_t const*>(inputs[kIN_BLOCK_INDEX]);
+    p.out = outputs[0];
+    p.B = q.d[0];
+    p.S = q.d[1];
+    p.H = q.d[2];
+    p.Dk = q.d[3];
+    p.T = k.d[1];
+    p.Hkv = k.d[2];
+    p.Dv = v.d[3];
+    p.Kb = bi.d[3];
+    p.blockSize = blockSize;
+    p.scale = float32Attr(kSCALE);
+    p.causal = int32Attr(kCAUSAL) != 0;
+    checkKernelStatus(launchBlockSparseAttention(p, dtype, stream), "DSABlockSparseAttention kernel");
 }
 
 } // namespace plugin

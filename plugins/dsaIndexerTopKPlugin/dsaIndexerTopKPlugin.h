@@ -1,6 +1,7 @@
 /*
  * IPluginV3 glue of DSAIndexerTopK (namespace "dsa", version "1"); see README.md in this folder.
- * The capability interfaces, naming, cloning and field handling come from common/dsaPluginBase.h.
+ * The table drives what all plugins share (common/dsaPluginBase.h); the class adds the shape and
+ * type rules, the output shape, the workspace and the kernel call.
  */
 #pragma once
 
@@ -13,48 +14,48 @@ namespace dsa
 namespace plugin
 {
 
-class DSAIndexerTopKPlugin : public DSAPluginBase
+//! DSAIndexerTopK's inputs, outputs and attributes, in the op contract's order.
+struct DSAIndexerTopKTable
+{
+    static constexpr char const* kNAME = "DSAIndexerTopK";
+    static constexpr TensorSpec kINPUTS[] = {
+        input("q"),
+        input("k"),
+        input("w"),
+        optionalInput("lengths"),
+    };
+    static constexpr TensorSpec kOUTPUTS[] = {
+        output("indices"),
+    };
+    static constexpr AttrSpec kATTRIBUTES[] = {
+        attrInt32("topk"),
+        attrFloat32("scale"),
+        attrInt32("causal", 1),
+    };
+};
+
+class DSAIndexerTopKPlugin : public DSAPlugin<DSAIndexerTopKPlugin, DSAIndexerTopKTable>
 {
 public:
     DSAIndexerTopKPlugin(int32_t topk, float scale, int32_t causal);
-    DSAIndexerTopKPlugin(DSAIndexerTopKPlugin const& other);
+    static DSAIndexerTopKPlugin* create(PluginFieldReader const& fields);
 
-    // IPluginV3OneBuild
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
-    // IPluginV3OneRuntime
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-
-protected:
-    void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
-    DSAPluginBase* cloneImpl() const override;
-
 private:
-    void initFields();
-
-    int32_t mTopK;
-    float mScale;
-    int32_t mCausal;
-    int32_t mNbInputs{3};
+    void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
+    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override;
+    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
+        nvinfer1::IExprBuilder& exprBuilder) const override;
+    bool supportsType(
+        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const noexcept override;
+    bool formatsNeedInputCount() const noexcept override;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
+        void* workspace, cudaStream_t stream) const override;
 };
 
-class DSAIndexerTopKPluginCreator : public DSAPluginCreatorBase
-{
-public:
-    DSAIndexerTopKPluginCreator();
-
-protected:
-    nvinfer1::IPluginV3* create(PluginFieldReader const& fields, nvinfer1::TensorRTPhase phase) override;
-};
+using DSAIndexerTopKPluginCreator = DSAPluginCreator<DSAIndexerTopKPlugin>;
 
 } // namespace plugin
 } // namespace dsa

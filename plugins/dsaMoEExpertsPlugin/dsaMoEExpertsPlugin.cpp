@@ -2,6 +2,7 @@
 
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsKernel.h"
 
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -13,83 +14,91 @@ namespace plugin
 {
 namespace
 {
-constexpr char const* kPLUGIN_NAME = "DSAMoEExperts";
-constexpr char const* kPLUGIN_NAME_FP8 = "DSAMoEExpertsFP8";
-constexpr char const* kDEFAULT_ACTIVATION = "silu";
-constexpr int32_t kDEFAULT_BLOCK_SIZE = 128;
+//! Position of an input both ops have: the same in both tables, or this does not compile.
+constexpr int32_t sharedInput(char const* name)
+{
+    return DSAMoEExpertsPlugin::inputIndex(name) == DSAMoEExpertsFP8Plugin::inputIndex(name)
+        ? DSAMoEExpertsPlugin::inputIndex(name)
+        : throw std::logic_error("DSAMoEExperts and DSAMoEExpertsFP8 disagree on an input position");
+}
 
-constexpr int32_t kIN_X = 0;
-constexpr int32_t kIN_IDS = 1;
-constexpr int32_t kIN_WEIGHTS = 2;
-constexpr int32_t kIN_GATE_UP = 3;
-constexpr int32_t kIN_DOWN = 4;
-constexpr int32_t kIN_GATE_UP_SCALE = 5;
-constexpr int32_t kIN_DOWN_SCALE = 6;
+constexpr int32_t kIN_X = sharedInput("x");
+constexpr int32_t kIN_IDS = sharedInput("topk_ids");
+constexpr int32_t kIN_WEIGHTS = sharedInput("topk_weights");
+constexpr int32_t kIN_GATE_UP = sharedInput("gate_up");
+constexpr int32_t kIN_DOWN = sharedInput("down");
+constexpr int32_t kIN_GATE_UP_SCALE = DSAMoEExpertsFP8Plugin::inputIndex("gate_up_scale");
+constexpr int32_t kIN_DOWN_SCALE = DSAMoEExpertsFP8Plugin::inputIndex("down_scale");
+
+constexpr int32_t kACTIVATION = DSAMoEExpertsPlugin::attributeIndex("activation");
+static_assert(kACTIVATION == DSAMoEExpertsFP8Plugin::attributeIndex("activation"), "both ops start with activation");
+constexpr int32_t kBLOCK_SIZE = DSAMoEExpertsFP8Plugin::attributeIndex("block_size");
+constexpr int32_t kDEFAULT_BLOCK_SIZE = DSAMoEExpertsFP8Plugin::kTABLE.attributes[kBLOCK_SIZE].intDefault;
+constexpr char const* kSILU = "silu";
 
 int64_t ceilDivKnown(int64_t a, int64_t b)
 {
     return a < 0 ? -1 : (a + b - 1) / b;
 }
+
+//! The attribute values in table order: activation, then (FP8) block_size.
+std::vector<AttributeValue> moeAttributes(bool fp8, std::string activation, int32_t blockSize)
+{
+    std::vector<AttributeValue> values{AttributeValue(std::move(activation))};
+    if (fp8)
+    {
+        values.emplace_back(blockSize);
+    }
+    return values;
+}
 } // namespace
 
-DSAMoEExpertsPlugin::DSAMoEExpertsPlugin(bool fp8, std::string activation, int32_t blockSize)
-    : DSAPluginBase(fp8 ? kPLUGIN_NAME_FP8 : kPLUGIN_NAME)
-    , mFp8(fp8)
-    , mActivation(std::move(activation))
-    , mBlockSize(fp8 ? blockSize : kDEFAULT_BLOCK_SIZE)
+template <bool kFP8>
+DSAMoEExpertsPluginT<kFP8>::DSAMoEExpertsPluginT(std::string activation, int32_t blockSize)
+    : Base(moeAttributes(kFP8, std::move(activation), blockSize))
 {
-    if (mActivation != kDEFAULT_ACTIVATION)
+    if (this->stringAttr(kACTIVATION) != kSILU)
     {
-        throw PluginError(std::string(getPluginName()) + ": activation '" + mActivation
+        throw PluginError(std::string(this->getPluginName()) + ": activation '" + this->stringAttr(kACTIVATION)
             + "' is not supported; only 'silu' is implemented");
     }
-    if (mFp8 && (mBlockSize < 1 || mBlockSize > (1 << 30)))
+    if (kFP8 && (blockSize < 1 || blockSize > (1 << 30)))
     {
         throw PluginError(
-            "DSAMoEExpertsFP8: attribute 'block_size' must be in [1, 2^30], got " + std::to_string(mBlockSize));
+            "DSAMoEExpertsFP8: attribute 'block_size' must be in [1, 2^30], got " + std::to_string(blockSize));
     }
-    initFields();
 }
 
-DSAMoEExpertsPlugin::DSAMoEExpertsPlugin(DSAMoEExpertsPlugin const& other)
-    : DSAPluginBase(other)
-    , mFp8(other.mFp8)
-    , mActivation(other.mActivation)
-    , mBlockSize(other.mBlockSize)
+template <bool kFP8>
+DSAMoEExpertsPluginT<kFP8>* DSAMoEExpertsPluginT<kFP8>::create(PluginFieldReader const& fields)
 {
-    initFields();
-}
-
-void DSAMoEExpertsPlugin::initFields()
-{
-    mFields.clear();
-    mFields.addString("activation", &mActivation);
-    mDescription = "activation=" + mActivation;
-    if (mFp8)
+    std::string const activation = fields.getString(kACTIVATION);
+    int64_t blockSize = kDEFAULT_BLOCK_SIZE;
+    if constexpr (kFP8)
     {
-        mFields.addInt32("block_size", &mBlockSize);
-        mDescription += ";block_size=" + std::to_string(mBlockSize);
+        blockSize = fields.getInt(kBLOCK_SIZE);
+        if (blockSize < 1 || blockSize > (int64_t{1} << 30))
+        {
+            throw PluginError("attribute 'block_size' must be in [1, 2^30], got " + std::to_string(blockSize));
+        }
     }
+    return new DSAMoEExpertsPluginT(activation, static_cast<int32_t>(blockSize));
 }
 
-DSAPluginBase* DSAMoEExpertsPlugin::cloneImpl() const
+template <bool kFP8>
+int32_t DSAMoEExpertsPluginT<kFP8>::blockSize() const
 {
-    return new DSAMoEExpertsPlugin(*this);
-}
-
-int32_t DSAMoEExpertsPlugin::nbInputs() const
-{
-    return mFp8 ? 7 : 5;
-}
-
-void DSAMoEExpertsPlugin::checkInputs(Dims const* dims, int32_t nbIn)
-{
-    std::string const name = getPluginName();
-    if (nbIn != nbInputs())
+    if constexpr (kFP8)
     {
-        throw PluginError(name + " takes " + std::to_string(nbInputs()) + " inputs (x, topk_ids, topk_weights, gate_up, down"
-            + (mFp8 ? ", gate_up_scale, down_scale" : "") + "), got " + std::to_string(nbIn));
+        return this->int32Attr(kBLOCK_SIZE);
     }
+    return kDEFAULT_BLOCK_SIZE;
+}
+
+template <bool kFP8>
+void DSAMoEExpertsPluginT<kFP8>::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
+{
+    std::string const name = this->getPluginName();
     Dims const& x = dims[kIN_X];
     Dims const& ids = dims[kIN_IDS];
     Dims const& w = dims[kIN_WEIGHTS];
@@ -116,13 +125,13 @@ void DSAMoEExpertsPlugin::checkInputs(Dims const* dims, int32_t nbIn)
         throw PluginError(name + ": E = " + std::to_string(gu.d[0]) + " experts; the kernels take 1 to "
             + std::to_string(kMOE_MAX_EXPERTS));
     }
-    if (!mFp8)
+    if (!kFP8)
     {
         return;
     }
     Dims const& gs = dims[kIN_GATE_UP_SCALE];
     Dims const& ds = dims[kIN_DOWN_SCALE];
-    int64_t const bs = mBlockSize;
+    int64_t const bs = blockSize();
     int64_t const H = x.d[1] >= 0 ? x.d[1] : gu.d[2];
     int64_t const twoIKnown = twoI >= 0 ? twoI : (I >= 0 ? 2 * I : -1);
     int64_t const IKnown = I >= 0 ? I : (twoI >= 0 ? twoI / 2 : -1);
@@ -138,50 +147,34 @@ void DSAMoEExpertsPlugin::checkInputs(Dims const* dims, int32_t nbIn)
     }
 }
 
-int32_t DSAMoEExpertsPlugin::getOutputDataTypes(
-    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbIn) const noexcept
+template <bool kFP8>
+bool DSAMoEExpertsPluginT<kFP8>::inferOutputTypes(DataType* outputTypes, DataType const* inputTypes) const noexcept
 {
-    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || nbIn != nbInputs())
+    if (inputTypes == nullptr)
     {
-        logError(std::string(getPluginName()) + " getOutputDataTypes: expected " + std::to_string(nbInputs())
-            + " inputs and 1 output");
-        return -1;
+        return false;
     }
     outputTypes[0] = inputTypes[kIN_X];
-    return 0;
+    return true;
 }
 
-int32_t DSAMoEExpertsPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbIn, DimsExprs const* /*shapeInputs*/,
-    int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
+template <bool kFP8>
+void DSAMoEExpertsPluginT<kFP8>::inferOutputShapes(
+    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& /*exprBuilder*/) const
 {
-    return guard("getOutputShapes", -1, [&]() {
-        if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbIn != nbInputs())
-        {
-            throw PluginError("expected " + std::to_string(nbInputs()) + " inputs and 1 output");
-        }
-        if (inputs[kIN_X].nbDims != 2)
-        {
-            throw PluginError("x must be 2-D [N,H]");
-        }
-        outputs[0].nbDims = 2;
-        outputs[0].d[0] = inputs[kIN_X].d[0];
-        outputs[0].d[1] = inputs[kIN_X].d[1];
-        return 0;
-    });
-}
-
-bool DSAMoEExpertsPlugin::supportsFormatCombination(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbIn, int32_t nbOutputs) noexcept
-{
-    if (inOut == nullptr || nbIn != nbInputs() || nbOutputs != 1 || pos < 0 || pos >= nbIn + nbOutputs)
+    if (inputs[kIN_X].nbDims != 2)
     {
-        return false;
+        throw PluginError("x must be 2-D [N,H]");
     }
+    outputs[0].nbDims = 2;
+    outputs[0].d[0] = inputs[kIN_X].d[0];
+    outputs[0].d[1] = inputs[kIN_X].d[1];
+}
+
+template <bool kFP8>
+bool DSAMoEExpertsPluginT<kFP8>::supportsType(int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbIn) const noexcept
+{
     PluginTensorDesc const& desc = inOut[pos].desc;
-    if (desc.format != TensorFormat::kLINEAR)
-    {
-        return false;
-    }
     if (pos == kIN_X)
     {
         return isFloatType(desc.type);
@@ -192,7 +185,7 @@ bool DSAMoEExpertsPlugin::supportsFormatCombination(
     case kIN_IDS: return desc.type == DataType::kINT32;
     case kIN_WEIGHTS: return desc.type == DataType::kFLOAT || desc.type == xType;
     case kIN_GATE_UP:
-    case kIN_DOWN: return mFp8 ? desc.type == DataType::kFP8 : desc.type == xType;
+    case kIN_DOWN: return kFP8 ? desc.type == DataType::kFP8 : desc.type == xType;
     default: break;
     }
     if (pos == nbIn)
@@ -202,10 +195,11 @@ bool DSAMoEExpertsPlugin::supportsFormatCombination(
     return desc.type == DataType::kFLOAT; // FP8 block scales
 }
 
-size_t DSAMoEExpertsPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbIn,
+template <bool kFP8>
+size_t DSAMoEExpertsPluginT<kFP8>::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbIn,
     DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
 {
-    if (inputs == nullptr || nbIn != nbInputs())
+    if (inputs == nullptr || !Base::kTABLE.acceptsInputCount(nbIn))
     {
         return 0;
     }
@@ -220,86 +214,53 @@ size_t DSAMoEExpertsPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inpu
     return moeExpertsWorkspaceSize(x.d[0], ids.d[1], dn.d[0], x.d[1], dn.d[2], dtype);
 }
 
-int32_t DSAMoEExpertsPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
-    void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
+template <bool kFP8>
+void DSAMoEExpertsPluginT<kFP8>::launch(PluginTensorDesc const* inputDesc, void const* const* inputs,
+    void* const* outputs, void* workspace, cudaStream_t stream) const
 {
-    return guard("enqueue", -1, [&]() {
-        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
-        {
-            throw PluginError("null tensor descriptors or pointers");
-        }
-        MoEExpertsParams p;
-        if (!toKernelDType(inputDesc[kIN_X].type, p.dtype) || !toKernelDType(inputDesc[kIN_WEIGHTS].type, p.weightsDtype))
-        {
-            throw PluginError("unsupported x or topk_weights type");
-        }
-        if (mFp8)
-        {
-            if (inputDesc[kIN_GATE_UP].type != DataType::kFP8 || inputDesc[kIN_DOWN].type != DataType::kFP8)
-            {
-                throw PluginError("gate_up and down must be FP8");
-            }
-            p.expertDtype = DType::kFP8_E4M3;
-            p.gateUpScale = static_cast<float const*>(inputs[kIN_GATE_UP_SCALE]);
-            p.downScale = static_cast<float const*>(inputs[kIN_DOWN_SCALE]);
-        }
-        else
-        {
-            p.expertDtype = p.dtype;
-        }
-        Dims const& x = inputDesc[kIN_X].dims;
-        Dims const& ids = inputDesc[kIN_IDS].dims;
-        Dims const& dn = inputDesc[kIN_DOWN].dims;
-        p.x = inputs[kIN_X];
-        p.topkIds = static_cast<int32_t const*>(inputs[kIN_IDS]);
-        p.topkWeights = inputs[kIN_WEIGHTS];
-        p.gateUp = inputs[kIN_GATE_UP];
-        p.down = inputs[kIN_DOWN];
-        p.out = outputs[0];
-        p.N = x.d[0];
-        p.H = x.d[1];
-        p.K = ids.d[1];
-        p.E = dn.d[0];
-        p.I = dn.d[2];
-        p.blockSize = mBlockSize;
-        p.activation = MoEActivation::kSILU;
-        // getWorkspaceSize() was computed for the profile's maximum shapes and is monotone in them.
-        size_t const wsBytes = moeExpertsWorkspaceSize(p.N, p.K, p.E, p.H, p.I, p.dtype);
-        checkKernelStatus(launchMoEExperts(p, workspace, wsBytes, stream), (std::string(getPluginName()) + " kernel").c_str());
-        return 0;
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-
-DSAMoEExpertsPluginCreator::DSAMoEExpertsPluginCreator(bool fp8)
-    : DSAPluginCreatorBase(fp8 ? kPLUGIN_NAME_FP8 : kPLUGIN_NAME,
-        fp8 ? std::vector<PluginField>{PluginField("activation", nullptr, PluginFieldType::kCHAR, 0),
-            PluginField("block_size", nullptr, PluginFieldType::kINT32, 1)}
-            : std::vector<PluginField>{PluginField("activation", nullptr, PluginFieldType::kCHAR, 0)})
-    , mFp8(fp8)
-{
-}
-
-IPluginV3* DSAMoEExpertsPluginCreator::create(PluginFieldReader const& fields, TensorRTPhase /*phase*/)
-{
-    std::string const activation = fields.getString("activation", kDEFAULT_ACTIVATION);
-    int64_t blockSize = kDEFAULT_BLOCK_SIZE;
-    if (mFp8)
+    MoEExpertsParams p;
+    if (!toKernelDType(inputDesc[kIN_X].type, p.dtype) || !toKernelDType(inputDesc[kIN_WEIGHTS].type, p.weightsDtype))
     {
-        blockSize = fields.getInt("block_size", kDEFAULT_BLOCK_SIZE);
-        if (blockSize < 1 || blockSize > (int64_t{1} << 30))
-        {
-            throw PluginError("attribute 'block_size' must be in [1, 2^30], got " + std::to_string(blockSize));
-        }
+        throw PluginError("unsupported x or topk_weights type");
     }
-    return new DSAMoEExpertsPlugin(mFp8, activation, static_cast<int32_t>(blockSize));
+    if (kFP8)
+    {
+        if (inputDesc[kIN_GATE_UP].type != DataType::kFP8 || inputDesc[kIN_DOWN].type != DataType::kFP8)
+        {
+            throw PluginError("gate_up and down must be FP8");
+        }
+        p.expertDtype = DType::kFP8_E4M3;
+        p.gateUpScale = static_cast<float const*>(inputs[kIN_GATE_UP_SCALE]);
+        p.downScale = static_cast<float const*>(inputs[kIN_DOWN_SCALE]);
+    }
+    else
+    {
+        p.expertDtype = p.dtype;
+    }
+    Dims const& x = inputDesc[kIN_X].dims;
+    Dims const& ids = inputDesc[kIN_IDS].dims;
+    Dims const& dn = inputDesc[kIN_DOWN].dims;
+    p.x = inputs[kIN_X];
+    p.topkIds = static_cast<int32_t const*>(inputs[kIN_IDS]);
+    p.topkWeights = inputs[kIN_WEIGHTS];
+    p.gateUp = inputs[kIN_GATE_UP];
+    p.down = inputs[kIN_DOWN];
+    p.out = outputs[0];
+    p.N = x.d[0];
+    p.H = x.d[1];
+    p.K = ids.d[1];
+    p.E = dn.d[0];
+    p.I = dn.d[2];
+    p.blockSize = blockSize();
+    p.activation = MoEActivation::kSILU;
+    // getWorkspaceSize() was computed for the profile's maximum shapes and is monotone in them.
+    size_t const wsBytes = moeExpertsWorkspaceSize(p.N, p.K, p.E, p.H, p.I, p.dtype);
+    checkKernelStatus(
+        launchMoEExperts(p, workspace, wsBytes, stream), (std::string(this->getPluginName()) + " kernel").c_str());
 }
 
-DSAMoEExpertsFP8PluginCreator::DSAMoEExpertsFP8PluginCreator()
-    : DSAMoEExpertsPluginCreator(true)
-{
-}
+template class DSAMoEExpertsPluginT<false>;
+template class DSAMoEExpertsPluginT<true>;
 
 } // namespace plugin
 } // namespace dsa

@@ -12,12 +12,12 @@ namespace plugin
 {
 namespace
 {
-constexpr char const* kPLUGIN_NAME = "DSASparseAttention";
-constexpr int32_t kIN_Q = 0;
-constexpr int32_t kIN_K = 1;
-constexpr int32_t kIN_V = 2;
-constexpr int32_t kIN_INDICES = 3;
-constexpr int32_t kNB_INPUTS = 4;
+using Plugin = DSASparseAttentionPlugin;
+constexpr int32_t kIN_Q = Plugin::inputIndex("q");
+constexpr int32_t kIN_K = Plugin::inputIndex("k");
+constexpr int32_t kIN_V = Plugin::inputIndex("v");
+constexpr int32_t kIN_INDICES = Plugin::inputIndex("indices");
+constexpr int32_t kSCALE = Plugin::attributeIndex("scale");
 
 //! v with no rows and keys present: the values are the first Dv channels of k's rows (the op
 //! contract's values-from-keys form). With T == 0 both forms read nothing and agree.
@@ -28,41 +28,21 @@ bool valuesFromKeys(Dims const& k, Dims const& v)
 } // namespace
 
 DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
-    : DSAPluginBase(kPLUGIN_NAME)
-    , mScale(scale)
+    : DSAPlugin({scale})
 {
-    if (!std::isfinite(mScale))
+    if (!std::isfinite(scale))
     {
         throw PluginError("DSASparseAttention: attribute 'scale' must be finite");
     }
-    initFields();
 }
 
-DSASparseAttentionPlugin::DSASparseAttentionPlugin(DSASparseAttentionPlugin const& other)
-    : DSAPluginBase(other)
-    , mScale(other.mScale)
+DSASparseAttentionPlugin* DSASparseAttentionPlugin::create(PluginFieldReader const& fields)
 {
-    initFields();
+    return new DSASparseAttentionPlugin(fields.getFloat(kSCALE));
 }
 
-void DSASparseAttentionPlugin::initFields()
+void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
 {
-    mFields.clear();
-    mFields.addFloat32("scale", &mScale);
-    mDescription = "scale=" + std::to_string(mScale);
-}
-
-DSAPluginBase* DSASparseAttentionPlugin::cloneImpl() const
-{
-    return new DSASparseAttentionPlugin(*this);
-}
-
-void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
-{
-    if (nbInputs != kNB_INPUTS)
-    {
-        throw PluginError("DSASparseAttention takes 4 inputs (q, k, v, indices), got " + std::to_string(nbInputs));
-    }
     Dims const& q = dims[kIN_Q];
     Dims const& k = dims[kIN_K];
     Dims const& v = dims[kIN_V];
@@ -100,52 +80,34 @@ void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
     }
 }
 
-int32_t DSASparseAttentionPlugin::getOutputDataTypes(
-    DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
+bool DSASparseAttentionPlugin::inferOutputTypes(DataType* outputTypes, DataType const* inputTypes) const noexcept
 {
-    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
+    if (inputTypes == nullptr)
     {
-        logError("DSASparseAttention getOutputDataTypes: expected 4 inputs and 1 output");
-        return -1;
+        return false;
     }
     outputTypes[0] = inputTypes[kIN_Q];
-    return 0;
+    return true;
 }
 
-int32_t DSASparseAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
-    DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
-    IExprBuilder& /*exprBuilder*/) noexcept
+void DSASparseAttentionPlugin::inferOutputShapes(
+    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& /*exprBuilder*/) const
 {
-    return guard("getOutputShapes", -1, [&]() {
-        if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbInputs != kNB_INPUTS)
-        {
-            throw PluginError("expected 4 inputs and 1 output");
-        }
-        if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
-        {
-            throw PluginError("q and v must be 4-D");
-        }
-        outputs[0].nbDims = 4;
-        outputs[0].d[0] = inputs[kIN_Q].d[0];
-        outputs[0].d[1] = inputs[kIN_Q].d[1];
-        outputs[0].d[2] = inputs[kIN_Q].d[2];
-        outputs[0].d[3] = inputs[kIN_V].d[3];
-        return 0;
-    });
-}
-
-bool DSASparseAttentionPlugin::supportsFormatCombination(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
-{
-    if (inOut == nullptr || nbInputs != kNB_INPUTS || nbOutputs != 1 || pos < 0 || pos >= nbInputs + nbOutputs)
+    if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
     {
-        return false;
+        throw PluginError("q and v must be 4-D");
     }
+    outputs[0].nbDims = 4;
+    outputs[0].d[0] = inputs[kIN_Q].d[0];
+    outputs[0].d[1] = inputs[kIN_Q].d[1];
+    outputs[0].d[2] = inputs[kIN_Q].d[2];
+    outputs[0].d[3] = inputs[kIN_V].d[3];
+}
+
+bool DSASparseAttentionPlugin::supportsType(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
+{
     PluginTensorDesc const& desc = inOut[pos].desc;
-    if (desc.format != TensorFormat::kLINEAR)
-    {
-        return false;
-    }
     if (pos == kIN_Q)
     {
         return isFloatType(desc.type);
@@ -158,67 +120,42 @@ bool DSASparseAttentionPlugin::supportsFormatCombination(
     return desc.type == inOut[kIN_Q].desc.type;
 }
 
-size_t DSASparseAttentionPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
-    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+void DSASparseAttentionPlugin::launch(PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
+    void* /*workspace*/, cudaStream_t stream) const
 {
-    return 0;
-}
-
-int32_t DSASparseAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
-    void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
-{
-    return guard("enqueue", -1, [&]() {
-        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
-        {
-            throw PluginError("null tensor descriptors or pointers");
-        }
-        DType dtype{};
-        if (!toKernelDType(inputDesc[kIN_Q].type, dtype))
-        {
-            throw PluginError("unsupported input type");
-        }
-        Dims const& q = inputDesc[kIN_Q].dims;
-        Dims const& k = inputDesc[kIN_K].dims;
-        Dims const& v = inputDesc[kIN_V].dims;
-        Dims const& idx = inputDesc[kIN_INDICES].dims;
-        if (v.d[1] != 0 && v.d[1] != k.d[1])
-        {
-            throw PluginError("v must have k's T rows or none (values from keys), got v " + dimsToString(v) + ", k "
-                + dimsToString(k));
-        }
-        SparseAttentionParams p;
-        p.q = inputs[kIN_Q];
-        p.k = inputs[kIN_K];
-        // An empty input may be bound to a null address (TensorRT allows nullptr only for empty
-        // inputs), so the values-from-keys form never touches inputs[kIN_V].
-        p.valuesFromKeys = valuesFromKeys(k, v);
-        p.v = p.valuesFromKeys ? nullptr : inputs[kIN_V];
-        p.indices = static_cast<int32_t const*>(inputs[kIN_INDICES]);
-        p.out = outputs[0];
-        p.B = q.d[0];
-        p.S = q.d[1];
-        p.H = q.d[2];
-        p.Dk = q.d[3];
-        p.T = k.d[1];
-        p.Hkv = k.d[2];
-        p.Dv = v.d[3];
-        p.K = idx.d[2];
-        p.scale = mScale;
-        checkKernelStatus(launchSparseAttention(p, dtype, stream), "DSASparseAttention kernel");
-        return 0;
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-
-DSASparseAttentionPluginCreator::DSASparseAttentionPluginCreator()
-    : DSAPluginCreatorBase(kPLUGIN_NAME, {PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1)})
-{
-}
-
-IPluginV3* DSASparseAttentionPluginCreator::create(PluginFieldReader const& fields, TensorRTPhase /*phase*/)
-{
-    return new DSASparseAttentionPlugin(fields.requireFloat("scale"));
+    DType dtype{};
+    if (!toKernelDType(inputDesc[kIN_Q].type, dtype))
+    {
+        throw PluginError("unsupported input type");
+    }
+    Dims const& q = inputDesc[kIN_Q].dims;
+    Dims const& k = inputDesc[kIN_K].dims;
+    Dims const& v = inputDesc[kIN_V].dims;
+    Dims const& idx = inputDesc[kIN_INDICES].dims;
+    if (v.d[1] != 0 && v.d[1] != k.d[1])
+    {
+        throw PluginError(
+            "v must have k's T rows or none (values from keys), got v " + dimsToString(v) + ", k " + dimsToString(k));
+    }
+    SparseAttentionParams p;
+    p.q = inputs[kIN_Q];
+    p.k = inputs[kIN_K];
+    // An empty input may be bound to a null address (TensorRT allows nullptr only for empty
+    // inputs), so the values-from-keys form never touches inputs[kIN_V].
+    p.valuesFromKeys = valuesFromKeys(k, v);
+    p.v = p.valuesFromKeys ? nullptr : inputs[kIN_V];
+    p.indices = static_cast<int32_t const*>(inputs[kIN_INDICES]);
+    p.out = outputs[0];
+    p.B = q.d[0];
+    p.S = q.d[1];
+    p.H = q.d[2];
+    p.Dk = q.d[3];
+    p.T = k.d[1];
+    p.Hkv = k.d[2];
+    p.Dv = v.d[3];
+    p.K = idx.d[2];
+    p.scale = float32Attr(kSCALE);
+    checkKernelStatus(launchSparseAttention(p, dtype, stream), "DSASparseAttention kernel");
 }
 
 } // namespace plugin

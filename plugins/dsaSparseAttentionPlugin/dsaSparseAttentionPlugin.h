@@ -1,6 +1,7 @@
 /*
  * IPluginV3 glue of DSASparseAttention (namespace "dsa", version "1"); see README.md in this folder.
- * The capability interfaces, naming, cloning and field handling come from common/dsaPluginBase.h.
+ * The table drives what all plugins share (common/dsaPluginBase.h); the class adds the shape and
+ * type rules, the output shape and the kernel call (no workspace).
  */
 #pragma once
 
@@ -13,45 +14,42 @@ namespace dsa
 namespace plugin
 {
 
-class DSASparseAttentionPlugin : public DSAPluginBase
+//! DSASparseAttention's inputs, outputs and attributes, in the op contract's order.
+struct DSASparseAttentionTable
+{
+    static constexpr char const* kNAME = "DSASparseAttention";
+    static constexpr TensorSpec kINPUTS[] = {
+        input("q"),
+        input("k"),
+        input("v"),
+        input("indices"),
+    };
+    static constexpr TensorSpec kOUTPUTS[] = {
+        output("out"),
+    };
+    static constexpr AttrSpec kATTRIBUTES[] = {
+        attrFloat32("scale"),
+    };
+};
+
+class DSASparseAttentionPlugin : public DSAPlugin<DSASparseAttentionPlugin, DSASparseAttentionTable>
 {
 public:
     explicit DSASparseAttentionPlugin(float scale);
-    DSASparseAttentionPlugin(DSASparseAttentionPlugin const& other);
-
-    // IPluginV3OneBuild
-    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
-        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
-    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs, nvinfer1::DimsExprs const* shapeInputs,
-        int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
-        nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
-        int32_t nbOutputs) noexcept override;
-    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
-        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
-
-    // IPluginV3OneRuntime
-    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
-        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
-
-protected:
-    void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
-    DSAPluginBase* cloneImpl() const override;
+    static DSASparseAttentionPlugin* create(PluginFieldReader const& fields);
 
 private:
-    void initFields();
-
-    float mScale;
+    void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
+    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override;
+    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
+        nvinfer1::IExprBuilder& exprBuilder) const override;
+    bool supportsType(
+        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const noexcept override;
+    void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
+        void* workspace, cudaStream_t stream) const override;
 };
 
-class DSASparseAttentionPluginCreator : public DSAPluginCreatorBase
-{
-public:
-    DSASparseAttentionPluginCreator();
-
-protected:
-    nvinfer1::IPluginV3* create(PluginFieldReader const& fields, nvinfer1::TensorRTPhase phase) override;
-};
+using DSASparseAttentionPluginCreator = DSAPluginCreator<DSASparseAttentionPlugin>;
 
 } // namespace plugin
 } // namespace dsa

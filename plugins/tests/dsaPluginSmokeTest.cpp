@@ -10,9 +10,14 @@
  * dsaFakeNvinfer.cpp), it also dlopens that library, whose load registers its creators, and looks
  * each one up in the plugin registry of the libnvinfer it links as ("DSA...", "1", "dsa").
  *
+ * The plugin names and their count come from the library's one list, api/dsaCreators.h (only
+ * compile-time constants of it are used: nothing of the library is linked).
+ *
  *   dsa_plugin_smoke /path/to/libdsa_plugins.so [/path/to/static-registration library]
  */
 #include "NvInferRuntime.h"
+
+#include "api/dsaCreators.h"
 
 #include <dlfcn.h>
 
@@ -141,8 +146,7 @@ size_t moeWorkspaceFormula(int64_t tokens, int64_t K, int64_t E, int64_t H, int6
     return pass < cap ? pass : cap;
 }
 
-char const* const kCREATOR_NAMES[]
-    = {"DSAIndexerTopK", "DSASparseAttention", "DSABlockSparseAttention", "DSAMoEExperts", "DSAMoEExpertsFP8"};
+using dsa::plugin::DSAPlugins;
 
 //! Loads a static-registration library and finds its creators in the registry of its libnvinfer
 //! under namespace "dsa" (and not under "", where REGISTER_TENSORRT_PLUGIN would have put them).
@@ -164,7 +168,7 @@ void checkStaticRegistration(char const* path)
     {
         return;
     }
-    for (char const* name : kCREATOR_NAMES)
+    for (char const* name : DSAPlugins::kNAMES)
     {
         IPluginCreatorInterface* found = registry->getCreator(name, "1", "dsa");
         bool ok = found != nullptr && std::strcmp(found->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0;
@@ -223,7 +227,12 @@ int main(int argc, char** argv)
 
     int32_t n = 0;
     IPluginCreatorInterface* const* creators = getCreators(n);
-    check(n == 5, "five creators");
+    check(n == DSAPlugins::kSIZE,
+        "getCreators reports the " + std::to_string(DSAPlugins::kSIZE) + " creators of api/dsaCreators.h");
+    for (char const* name : DSAPlugins::kNAMES)
+    {
+        check(findCreator(creators, n, name) != nullptr, std::string("getCreators has ") + name);
+    }
     for (int32_t i = 0; i < n; ++i)
     {
         InterfaceInfo const info = creators[i]->getInterfaceInfo();
