@@ -278,6 +278,67 @@ private:
     }
 };
 
+//! Base of the attention plugins (DSASparseAttention, DSABlockSparseAttention): what their I/O rules
+//! share. The output is [B, S, H, Dv], q's first three dims and v's last (the contract's rule,
+//! dsa_export/ops/sizes.py attention_dims), in q's type; q is a float type that k, v and the output
+//! share; the selection input (Derived::kSELECTION_INPUT, int32) names the keys to attend to.
+template <class Derived, class TableT>
+class DSAAttentionPlugin : public DSAPlugin<Derived, TableT>
+{
+    using Base = DSAPlugin<Derived, TableT>;
+
+protected:
+    explicit DSAAttentionPlugin(std::vector<AttributeValue> attributes)
+        : Base(std::move(attributes))
+    {
+    }
+    DSAAttentionPlugin(DSAAttentionPlugin const& other) = default;
+
+private:
+    static constexpr int32_t kQ = Base::inputIndex("q");
+    static constexpr int32_t kV = Base::inputIndex("v");
+
+    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override
+    {
+        if (inputTypes == nullptr)
+        {
+            return false;
+        }
+        outputTypes[0] = inputTypes[kQ];
+        return true;
+    }
+
+    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
+        nvinfer1::IExprBuilder& /*exprBuilder*/) const override
+    {
+        if (inputs[kQ].nbDims != 4 || inputs[kV].nbDims != 4)
+        {
+            throw PluginError("q and v must be 4-D");
+        }
+        outputs[0].nbDims = 4;
+        outputs[0].d[0] = inputs[kQ].d[0];
+        outputs[0].d[1] = inputs[kQ].d[1];
+        outputs[0].d[2] = inputs[kQ].d[2];
+        outputs[0].d[3] = inputs[kV].d[3];
+    }
+
+    bool supportsType(
+        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept override
+    {
+        nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
+        if (pos == kQ)
+        {
+            return isFloatType(desc.type);
+        }
+        if (pos == Base::inputIndex(Derived::kSELECTION_INPUT))
+        {
+            return desc.type == nvinfer1::DataType::kINT32;
+        }
+        // k, v and the output share q's type.
+        return desc.type == inOut[kQ].desc.type;
+    }
+};
+
 //! Base of the DSA plugin creators: the table's field names, names, and a createPlugin() that reads
 //! the fields as the table's attributes and turns exceptions into a logged error and a null plugin.
 class DSAPluginCreatorBase : public nvinfer1::IPluginCreatorV3One

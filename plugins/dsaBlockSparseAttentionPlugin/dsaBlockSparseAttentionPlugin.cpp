@@ -34,7 +34,7 @@ int32_t checkedInt32(int64_t value, char const* name)
 } // namespace
 
 DSABlockSparseAttentionPlugin::DSABlockSparseAttentionPlugin(int32_t blockSize, float scale, int32_t causal)
-    : DSAPlugin({blockSize, scale, causal})
+    : DSAAttentionPlugin({blockSize, scale, causal})
 {
     if (blockSize < 1)
     {
@@ -92,46 +92,6 @@ void DSABlockSparseAttentionPlugin::checkInputs(Dims const* dims, int32_t /*nbIn
             + std::to_string(blockSize) + ") = " + std::to_string((q.d[1] + blockSize - 1) / blockSize)
             + " query blocks for q " + dimsToString(q));
     }
-}
-
-bool DSABlockSparseAttentionPlugin::inferOutputTypes(DataType* outputTypes, DataType const* inputTypes) const noexcept
-{
-    if (inputTypes == nullptr)
-    {
-        return false;
-    }
-    outputTypes[0] = inputTypes[kIN_Q];
-    return true;
-}
-
-void DSABlockSparseAttentionPlugin::inferOutputShapes(
-    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& /*exprBuilder*/) const
-{
-    if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
-    {
-        throw PluginError("q and v must be 4-D");
-    }
-    outputs[0].nbDims = 4;
-    outputs[0].d[0] = inputs[kIN_Q].d[0];
-    outputs[0].d[1] = inputs[kIN_Q].d[1];
-    outputs[0].d[2] = inputs[kIN_Q].d[2];
-    outputs[0].d[3] = inputs[kIN_V].d[3];
-}
-
-bool DSABlockSparseAttentionPlugin::supportsType(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
-{
-    PluginTensorDesc const& desc = inOut[pos].desc;
-    if (pos == kIN_Q)
-    {
-        return isFloatType(desc.type);
-    }
-    if (pos == kIN_BLOCK_INDEX)
-    {
-        return desc.type == DataType::kINT32;
-    }
-    // k, v and the output share q's type.
-    return desc.type == inOut[kIN_Q].desc.type;
 }
 
 void DSABlockSparseAttentionPlugin::launch(PluginTensorDesc const* inputDesc, void const* const* inputs,

@@ -28,7 +28,7 @@ bool valuesFromKeys(Dims const& k, Dims const& v)
 } // namespace
 
 DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
-    : DSAPlugin({scale})
+    : DSAAttentionPlugin({scale})
 {
     if (!std::isfinite(scale))
     {
@@ -78,46 +78,6 @@ void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*
         throw PluginError("DSASparseAttention: inconsistent shapes q " + dimsToString(q) + ", k " + dimsToString(k)
             + ", v " + dimsToString(v) + ", indices " + dimsToString(idx) + " (H must be a multiple of Hkv)");
     }
-}
-
-bool DSASparseAttentionPlugin::inferOutputTypes(DataType* outputTypes, DataType const* inputTypes) const noexcept
-{
-    if (inputTypes == nullptr)
-    {
-        return false;
-    }
-    outputTypes[0] = inputTypes[kIN_Q];
-    return true;
-}
-
-void DSASparseAttentionPlugin::inferOutputShapes(
-    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& /*exprBuilder*/) const
-{
-    if (inputs[kIN_Q].nbDims != 4 || inputs[kIN_V].nbDims != 4)
-    {
-        throw PluginError("q and v must be 4-D");
-    }
-    outputs[0].nbDims = 4;
-    outputs[0].d[0] = inputs[kIN_Q].d[0];
-    outputs[0].d[1] = inputs[kIN_Q].d[1];
-    outputs[0].d[2] = inputs[kIN_Q].d[2];
-    outputs[0].d[3] = inputs[kIN_V].d[3];
-}
-
-bool DSASparseAttentionPlugin::supportsType(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
-{
-    PluginTensorDesc const& desc = inOut[pos].desc;
-    if (pos == kIN_Q)
-    {
-        return isFloatType(desc.type);
-    }
-    if (pos == kIN_INDICES)
-    {
-        return desc.type == DataType::kINT32;
-    }
-    // k, v and the output share q's type.
-    return desc.type == inOut[kIN_Q].desc.type;
 }
 
 void DSASparseAttentionPlugin::launch(PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,

@@ -32,19 +32,17 @@ struct DSASparseAttentionTable
     };
 };
 
-class DSASparseAttentionPlugin : public DSAPlugin<DSASparseAttentionPlugin, DSASparseAttentionTable>
+class DSASparseAttentionPlugin : public DSAAttentionPlugin<DSASparseAttentionPlugin, DSASparseAttentionTable>
 {
 public:
+    //! The input holding the selection (int32): DSAAttentionPlugin's type rule reads it.
+    static constexpr char const* kSELECTION_INPUT = "indices";
+
     explicit DSASparseAttentionPlugin(float scale);
     static DSASparseAttentionPlugin* create(PluginFieldReader const& fields);
 
 private:
     void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
-    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override;
-    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
-        nvinfer1::IExprBuilder& exprBuilder) const override;
-    bool supportsType(
-        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const noexcept override;
     void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
         void* workspace, cudaStream_t stream) const override;
 };
