@@ -25,6 +25,7 @@ from typing import Any
 
 from dsa_export.errors import DSAUserError
 from dsa_export.integrity import REBUILD, confined, external_data_files, verify_files
+from dsa_export.onnx_files import META_CONFIG
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -55,7 +56,6 @@ ORT_PROVIDER_OPTIONS: dict[str, frozenset[str]] = {
     "CPUExecutionProvider": frozenset(),
 }
 #: Metadata key of the exported model's config (the vocabulary size bounds token ids).
-META_MODEL_CONFIG = "dsa_export.model_config"
 
 
 @dataclass(frozen=True)
@@ -335,9 +335,9 @@ def io_specs(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
     meta = {p.key: p.value for p in model.metadata_props}
     vocab = None
-    if META_MODEL_CONFIG in meta:
+    if META_CONFIG in meta:
         try:
-            vocab = json.loads(meta[META_MODEL_CONFIG]).get("vocab_size")
+            vocab = json.loads(meta[META_CONFIG]).get("vocab_size")
         except (ValueError, AttributeError):
             vocab = None
     initializers = {i.name for i in model.graph.initializer}

@@ -7,6 +7,18 @@ from pathlib import Path
 
 from dsa_export.errors import DSAUserError
 
+# The metadata_props keys our files carry, written by the exporter and the quantizer and read by
+# validation, generation, the manifest and inspect: defined once, here.
+META_TOOL = "dsa_export.version"  #: dsa-export version that wrote the file
+META_OPS = "dsa_export.op_versions"  #: {op: version} of the dsa ops the file uses
+META_MODE = "dsa_export.ops_mode"  #: plugin | native
+META_SPEC = "dsa_export.reference"  #: the ModelReference the file was exported from (JSON)
+META_CONFIG = "dsa_export.model_config"  #: the model's config (JSON), for references and tokenizers
+META_SETTINGS = "dsa_export.export_settings"  #: the ExportSettings (JSON)
+META_QUANT = "dsa_export.quantization"  #: the calibration record of a quantized file (JSON)
+META_INDEXER_SCALES = "dsa_export.indexer_scales"  #: the indexers' q/k scales (JSON)
+META_MOE = "dsa_export.moe_experts"  #: how the routed experts were quantized (JSON)
+
 
 def load_graph(path: str | os.PathLike[str], what: str = "an exported .onnx file"):
     """The ModelProto of ``path`` without its external data, or a one-sentence user error; a file

@@ -24,7 +24,15 @@ from dsa_export import __version__
 from dsa_export.errors import DSAUserError
 from dsa_export.export.settings import DTYPES, ExportSettings
 from dsa_export.model_source import ModelSource
-from dsa_export.ops.contract import DOMAIN, DOMAIN_VERSION, OPS
+from dsa_export.onnx_files import (
+    META_CONFIG,
+    META_MODE,
+    META_OPS,
+    META_SETTINGS,
+    META_SPEC,
+    META_TOOL,
+)
+from dsa_export.ops.contract import BASE_OPSET, DOMAIN, DOMAIN_VERSION, OPS
 from dsa_export.ops.onnx_ops import function_protos, register_schemas, translation_table
 
 log = logging.getLogger(__name__)
@@ -32,12 +40,6 @@ log = logging.getLogger(__name__)
 BATCH_DIM, SEQ_DIM = "batch", "sequence"
 
 # Metadata keys written into every exported file.
-META_TOOL = "dsa_export.version"
-META_OPS = "dsa_export.op_versions"
-META_MODE = "dsa_export.ops_mode"
-META_SPEC = "dsa_export.reference"
-META_CONFIG = "dsa_export.model_config"
-META_SETTINGS = "dsa_export.export_settings"
 
 
 def _dynamic_shapes(inputs: dict, axes: dict[str, dict[int, str]] | None = None) -> dict:
@@ -157,21 +159,20 @@ def annotate_custom_outputs(model: onnx.ModelProto) -> None:
         q = known.get(node.input[0])
         if q is None or not q.type.tensor_type.shape.dim:
             raise RuntimeError(f"no shape for the q input of {node.op_type} node {node.name!r}")
-        qd = _shape_dims(q)
-        if node.op_type in ("DSAIndexerTopK", "DSAIndexerTopKPaged"):
-            topk = next(a.i for a in node.attribute if a.name == "topk")
-            dims, elem = [qd[0], qd[1], topk], onnx.TensorProto.INT32
-        elif node.op_type in ("DSASparseAttention", "DSABlockSparseAttention", "DSASparseAttentionPaged"):
-            v = known[node.input[2]]
-            dims, elem = [qd[0], qd[1], qd[2], _shape_dims(v)[3]], q.type.tensor_type.elem_type
-        elif node.op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):
-            opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-            if opset < OPS[node.op_type].min_opset:
-                raise DSAUserError(f"{node.op_type} (FP8 experts) needs opset {OPS[node.op_type].min_opset} or "
-                                   f"higher, not {opset}; export with --opset {OPS[node.op_type].min_opset}.")
-            dims, elem = qd, q.type.tensor_type.elem_type  # out: x's shape and dtype
-        else:
+        spec = OPS.get(node.op_type)
+        if spec is None or spec.output_dims is None:
             raise RuntimeError(f"unknown {DOMAIN} op {node.op_type}")
+        if spec.min_opset > BASE_OPSET:
+            opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+            if opset < spec.min_opset:
+                raise DSAUserError(f"{node.op_type} (FP8 experts) needs opset {spec.min_opset} or "
+                                   f"higher, not {opset}; export with --opset {spec.min_opset}.")
+        inputs = [_shape_dims(known[name]) if name in known else None for name in node.input]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dims = spec.output_dims(inputs, attrs)
+        source = spec.output_type_input  # None: one fixed type, e.g. "tensor(int32)"
+        elem = (getattr(onnx.TensorProto, spec.outputs[0].types[0][len("tensor("):-1].upper()) if source is None
+                else known[node.input[source]].type.tensor_type.elem_type)
         info = helper.make_tensor_value_info(node.output[0], elem, dims)
         existing = known.get(node.output[0])
         if existing is not None and existing in graph.value_info:

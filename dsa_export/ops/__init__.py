@@ -16,13 +16,13 @@ from dsa_export.ops.contract import (
     DOMAIN,
     INDEXER_TOPK,
     INDEXER_TOPK_PAGED,
-    MOE_ACTIVATIONS,
     MOE_EXPERTS,
     MOE_EXPERTS_FP8,
     OPS,
     PLUGIN_OPS,
     SPARSE_ATTENTION,
     SPARSE_ATTENTION_PAGED,
+    check_activation,
 )
 
 if TYPE_CHECKING:
@@ -279,8 +279,7 @@ def _check_routing(x, topk_ids, topk_weights, gate_up, down, activation: str) ->
     _user_check(topk_weights.dtype in (torch.float32, x.dtype),
                 f"topk_weights must be float32 or x's dtype ({x.dtype}), not {topk_weights.dtype}.")
     _user_check(not topk_ids.is_floating_point(), "topk_ids must be an integer tensor.")
-    _user_check(activation in MOE_ACTIVATIONS,
-                f"activation {activation!r} is not supported; use one of {', '.join(MOE_ACTIVATIONS)}.")
+    check_activation(activation, DSAUserError)
 
 
 def dsa_moe_experts(

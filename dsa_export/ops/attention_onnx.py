@@ -31,11 +31,12 @@ from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, SPARSE_ATTENTION, OpSpec
 from dsa_export.ops.onnx_graph import Body, value
+from dsa_export.ops.sizes import CHUNK_ELEMENTS
 
 F32, I32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
 
 #: float32 values one chunk's largest intermediate may hold (32 MiB); a chunk has at least one row.
-CHUNK_ELEMENTS = 1 << 23
+#: The memory formulas of :mod:`dsa_export.ops.sizes` use the same constant.
 
 
 def _scalar(b: Body, shape: str, axis: int) -> str:

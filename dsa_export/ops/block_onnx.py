@@ -26,12 +26,10 @@ from onnx import AttributeProto, FunctionProto, TensorProto, helper
 from dsa_export.ops.attention_onnx import _chunk_rows, _function, _loop, _one_d, _scalar
 from dsa_export.ops.contract import BLOCK_SPARSE_ATTENTION
 from dsa_export.ops.onnx_graph import Body
+from dsa_export.ops.sizes import CHUNK_ELEMENTS
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
-#: float32 values one chunk's largest intermediates may hold together (32 MiB); a chunk has at
-#: least one query block.
-CHUNK_ELEMENTS = 1 << 23
 
 
 def _zeros_rows(b: Body, dims: list[str]) -> str:

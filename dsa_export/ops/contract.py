@@ -14,7 +14,10 @@ input is present, so the FP8 form is its own op).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import dsa_export.ops.sizes as _sizes
 
 DOMAIN = "dsa"
 DOMAIN_VERSION = 1
@@ -65,6 +68,17 @@ class OpSpec:
     #: without one runs through its function body everywhere, TensorRT included (see docs/ops.md,
     #: "Paged caches"): a build that loads the plugin library must keep that op's body.
     has_plugin: bool = True
+    #: ``output_dims(input dims, attrs) -> dims`` of the op's one output (symbolic dims pass
+    #: through): what the exporter writes into value_info (:mod:`dsa_export.ops.sizes`).
+    output_dims: Callable[[list, dict], list] | None = None
+    #: ``workspace_bytes(input shapes, attrs) -> bytes``: peak working memory of the function body
+    #: on ONNX Runtime, what the runtimes' and validation's memory estimates add up.
+    workspace_bytes: Callable[[list, dict], int] | None = None
+    #: Its output is a selection of key positions (a lightning indexer): the one the accuracy
+    #: reports compare as top-k overlap and calibration keeps in high precision.
+    selects: bool = False
+    #: It attends to a selection (indices or block lists) given as an input.
+    consumes_selection: bool = False
     plugin_attributes: tuple[AttrSpec, ...] = field(
         default=(
             AttrSpec("plugin_namespace", "string", PLUGIN_NAMESPACE, "TensorRT plugin namespace."),
@@ -76,8 +90,19 @@ class OpSpec:
     def qualified_name(self) -> str:
         return f"{DOMAIN}::{self.name}"
 
+    @property
+    def output_type_input(self) -> int | None:
+        """Index of the input whose dtype the (first) output has: the one sharing its type
+        variable; None when the output has one fixed type (the indexers' int32 positions)."""
+        out = self.outputs[0]
+        if len(out.types) == 1:
+            return None
+        key = out.type_var or out.types
+        return next(i for i, t in enumerate(self.inputs) if (t.type_var or t.types) == key)
+
 
 INDEXER_TOPK = OpSpec(
+    output_dims=_sizes.selection_dims, workspace_bytes=_sizes.indexer_bytes, selects=True,
     name="DSAIndexerTopK",
     torch_name="indexer_topk",
     doc=(
@@ -105,6 +130,7 @@ INDEXER_TOPK = OpSpec(
 )
 
 SPARSE_ATTENTION = OpSpec(
+    output_dims=_sizes.attention_dims, workspace_bytes=_sizes.attention_bytes, consumes_selection=True,
     name="DSASparseAttention",
     torch_name="sparse_attention",
     doc=(
@@ -131,6 +157,8 @@ SPARSE_ATTENTION = OpSpec(
 )
 
 BLOCK_SPARSE_ATTENTION = OpSpec(
+    output_dims=_sizes.attention_dims, workspace_bytes=_sizes.block_attention_bytes,
+    consumes_selection=True,
     name="DSABlockSparseAttention",
     torch_name="block_sparse_attention",
     doc=(
@@ -167,6 +195,7 @@ _PAGED_DOC = (
 )
 
 INDEXER_TOPK_PAGED = OpSpec(
+    output_dims=_sizes.selection_dims, workspace_bytes=_sizes.indexer_paged_bytes, selects=True,
     name="DSAIndexerTopKPaged",
     torch_name="indexer_topk_paged",
     doc=(
@@ -197,6 +226,8 @@ INDEXER_TOPK_PAGED = OpSpec(
 )
 
 SPARSE_ATTENTION_PAGED = OpSpec(
+    output_dims=_sizes.attention_dims, workspace_bytes=_sizes.attention_paged_bytes,
+    consumes_selection=True,
     name="DSASparseAttentionPaged",
     torch_name="sparse_attention_paged",
     doc=(
@@ -251,7 +282,20 @@ _ACTIVATION = AttrSpec("activation", "string", "silu", "Activation of the gate p
 #: The activations the op (every implementation) supports.
 MOE_ACTIVATIONS = ("silu",)
 
+
+def check_activation(activation, error: type[Exception] = ValueError) -> str:
+    """The routed-experts ``activation`` attribute as text (ONNX hands bytes), refused with one
+    sentence when the contract does not define it: the one check every form of the op (torch op,
+    reference, ONNX translation, checked wrapper) calls; ``error`` is the exception to raise
+    (:class:`~dsa_export.errors.DSAUserError` where a user's model is at fault)."""
+    text = activation.decode() if isinstance(activation, bytes) else str(activation)
+    if text not in MOE_ACTIVATIONS:
+        raise error(f"activation {text!r} is not supported by the routed-experts op; use one of "
+                    f"{', '.join(MOE_ACTIVATIONS)} (a model with SiLU experts).")
+    return text
+
 MOE_EXPERTS = OpSpec(
+    output_dims=_sizes.experts_dims, workspace_bytes=_sizes.experts_bytes,
     name="DSAMoEExperts",
     torch_name="moe_experts",
     doc=_MOE_DOC,
@@ -266,6 +310,7 @@ MOE_EXPERTS = OpSpec(
 )
 
 MOE_EXPERTS_FP8 = OpSpec(
+    output_dims=_sizes.experts_dims, workspace_bytes=_sizes.experts_bytes,
     name="DSAMoEExpertsFP8",
     torch_name="moe_experts_fp8",
     doc=_MOE_DOC + (
@@ -298,3 +343,8 @@ OPS: dict[str, OpSpec] = {
 #: The ops the plugin library registers a creator for (``has_plugin``): the plugin layers a
 #: TensorRT build with the library loaded must contain, one per node of these types.
 PLUGIN_OPS: dict[str, OpSpec] = {name: spec for name, spec in OPS.items() if spec.has_plugin}
+
+#: The ops whose output is a selection of key positions (the lightning indexers, contiguous and paged).
+SELECTING_OPS: tuple[str, ...] = tuple(name for name, spec in OPS.items() if spec.selects)
+#: The ops that attend to a selection given as an input.
+SELECTION_CONSUMERS: tuple[str, ...] = tuple(name for name, spec in OPS.items() if spec.consumes_selection)

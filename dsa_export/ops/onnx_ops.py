@@ -24,11 +24,11 @@ from onnx import FunctionProto, TensorProto, helper
 from dsa_export.ops.contract import (
     DOMAIN,
     DOMAIN_VERSION,
-    MOE_ACTIVATIONS,
     MOE_EXPERTS_FP8,
     OPS,
     PLUGIN_ATTRIBUTES,
     OpSpec,
+    check_activation,
 )
 
 
@@ -96,10 +96,7 @@ def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionPro
 def _checked_activation(activation: str) -> str:
     from dsa_export.errors import DSAUserError
 
-    if activation not in MOE_ACTIVATIONS:
-        raise DSAUserError(f"the routed-experts op supports activation {', '.join(MOE_ACTIVATIONS)}, not "
-                           f"{activation!r}; use a model with SiLU experts.")
-    return activation
+    return check_activation(activation, DSAUserError)
 
 
 def translation_table() -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
-from dsa_export.ops.contract import DOMAIN, MOE_ACTIVATIONS
+from dsa_export.ops.contract import DOMAIN, check_activation
 
 
 def _as_float64(x: np.ndarray) -> np.ndarray:
@@ -189,13 +189,6 @@ def sparse_attention_paged_reference(
     return out.astype(np.asarray(q).dtype)
 
 
-def _check_activation(activation) -> str:
-    activation = activation.decode() if isinstance(activation, bytes) else str(activation)
-    if activation not in MOE_ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not supported; use one of {MOE_ACTIVATIONS}.")
-    return activation
-
-
 def dequantize_fp8_reference(weight: np.ndarray, scale: np.ndarray, block_size: int) -> np.ndarray:
     """float64 ``[..., R, C]``: each FP8 value times the scale of its ``block_size`` block."""
     w64 = _as_float64(weight)
@@ -209,7 +202,7 @@ def moe_experts_reference(
     *, activation: str = "silu",
 ) -> np.ndarray:
     """``[N,H]`` in x's dtype: the contract's sum over routing slots, slot by slot, in float64."""
-    _check_activation(activation)
+    check_activation(activation)
     x64, w64, gu, dn = _as_float64(x), _as_float64(topk_weights), _as_float64(gate_up), _as_float64(down)
     n_experts, inter = gu.shape[0], dn.shape[2]
     out = np.zeros(x64.shape, dtype=np.float64)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from dsa_export.ops.contract import DOMAIN, MOE_ACTIVATIONS
+from dsa_export.ops.contract import DOMAIN, check_activation
+from dsa_export.ops.quant import dequantize_fp8_blocks
 
 # Bytes of float32 scratch one chunk of queries may use; keeps long sequences within cache-friendly
 # working sets on CPU and bounded on GPU.
@@ -433,9 +434,6 @@ def _sparse_attention_paged_fake(q, k_pool, v_pool, indices, block_table, scale)
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_pool.shape[3]))
 
 
-def _check_activation(activation: str) -> None:
-    if activation not in MOE_ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not supported; use one of {MOE_ACTIVATIONS}.")
 
 
 def routed_experts(
@@ -488,7 +486,7 @@ def moe_experts(
     down: torch.Tensor,
     activation: str = "silu",
 ) -> torch.Tensor:
-    _check_activation(activation)
+    check_activation(activation)
     return routed_experts(x, topk_ids, topk_weights, gate_up.shape[0],
                           lambda e: (gate_up[e].float(), down[e].float()))
 
@@ -496,17 +494,6 @@ def moe_experts(
 @moe_experts.register_fake
 def _moe_experts_fake(x, topk_ids, topk_weights, gate_up, down, activation="silu"):
     return x.new_empty(x.shape)
-
-
-def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block_size: int) -> torch.Tensor:
-    """float32 ``[R, C]``: FP8 ``weight`` times the scale of its ``block_size`` block (partial last blocks)."""
-    rows, cols = weight.shape
-    if rows % block_size == 0 and cols % block_size == 0:
-        # Whole blocks (every DeepSeek/GLM shape): one broadcast multiply, no expanded scale.
-        blocks = weight.float().view(rows // block_size, block_size, cols // block_size, block_size)
-        return blocks.mul_(scale.float()[:, None, :, None]).view(rows, cols)
-    full = scale.float().repeat_interleave(block_size, dim=0)[:rows].repeat_interleave(block_size, dim=1)[:, :cols]
-    return weight.float().mul_(full)
 
 
 @torch.library.custom_op(f"{DOMAIN}::moe_experts_fp8", mutates_args=())
@@ -521,11 +508,11 @@ def moe_experts_fp8(
     block_size: int = 128,
     activation: str = "silu",
 ) -> torch.Tensor:
-    _check_activation(activation)
+    check_activation(activation)
     return routed_experts(
         x, topk_ids, topk_weights, gate_up.shape[0],
-        lambda e: (dequantize_blocks(gate_up[e], gate_up_scale[e], block_size),
-                   dequantize_blocks(down[e], down_scale[e], block_size)),
+        lambda e: (dequantize_fp8_blocks(gate_up[e], gate_up_scale[e], block_size),
+                   dequantize_fp8_blocks(down[e], down_scale[e], block_size)),
     )
 
 

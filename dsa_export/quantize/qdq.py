@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dsa_export.errors import DSAUserError
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED
+from dsa_export.ops.contract import DOMAIN, SELECTING_OPS
 from dsa_export.quantize.dynamic import (
     ACTIVATION_BLOCK,
     add_functions,
@@ -170,7 +170,7 @@ def plan(
     head_weight: set[int] = set()
     projections: set[int] = set()
     for i, node in enumerate(graph.node):
-        if node.domain == DOMAIN and node.op_type in (INDEXER_TOPK.name, INDEXER_TOPK_PAGED.name) \
+        if node.domain == DOMAIN and node.op_type in SELECTING_OPS \
                 and len(node.input) >= 3:
             placement.indexers.append(IndexerInputs(node_name(node, i), node.input[0], node.input[1], node.input[2]))
             head_weight |= upstream_matmuls(graph, node.input[2], op_types)

@@ -19,6 +19,15 @@ import onnx
 import dsa_export.quantize.cache as trt_cache
 from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.fileio import atomic_output
+from dsa_export.onnx_files import (
+    META_CONFIG,
+    META_INDEXER_SCALES,
+    META_MOE,
+    META_OPS,
+    META_QUANT,
+    META_SPEC,
+)
+from dsa_export.ops.contract import DOMAIN, SELECTION_CONSUMERS
 from dsa_export.quantize.calibrate import Feed, check_feeds, collect_amax, input_specs, load_feeds
 from dsa_export.quantize.experts import expert_forms, experts_table
 from dsa_export.quantize.formats import get_precision
@@ -29,12 +38,6 @@ from dsa_export.quantize.report import AccuracyReport, Thresholds, accuracy_repo
 
 log = logging.getLogger(__name__)
 
-META_QUANT = "dsa_export.quantization"
-META_INDEXER_SCALES = "dsa_export.indexer_scales"
-META_MOE = "dsa_export.moe_experts"
-META_OPS = "dsa_export.op_versions"
-META_SPEC = "dsa_export.reference"
-META_CONFIG = "dsa_export.model_config"
 BUILTIN_DATA = "builtin"
 
 
@@ -265,11 +268,6 @@ def _check_indexer_qdq_opset(model: onnx.ModelProto, recipe: Recipe, placement: 
         )
 
 
-#: dsa nodes that attend to a selection made without a lightning indexer (block lists from pooled
-#: scores or a predictor, LSH buckets, a static pattern stored as a constant).
-_SELECTION_CONSUMERS = ("DSABlockSparseAttention", "DSASparseAttention")
-
-
 def no_indexer_message(model: onnx.ModelProto, path: str | Path) -> str:
     """Why a file without DSAIndexerTopK nodes gets no indexer placement and no top-k overlap.
 
@@ -279,7 +277,9 @@ def no_indexer_message(model: onnx.ModelProto, path: str | Path) -> str:
     """
     counts: dict[str, int] = {}
     for node in model.graph.node:
-        if node.domain == "dsa" and node.op_type in _SELECTION_CONSUMERS:
+        # Without an indexer, the dsa nodes that attend to a selection got it another way (block
+        # lists from pooled scores or a predictor, LSH buckets, a static pattern stored as a constant).
+        if node.domain == DOMAIN and node.op_type in SELECTION_CONSUMERS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     if counts:
         nodes = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, INDEXER_TOPK_PAGED, MOE_EXPERTS, MOE_EXPERTS_FP8
+from dsa_export.ops.contract import DOMAIN, MOE_EXPERTS, MOE_EXPERTS_FP8, SELECTING_OPS
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def indexer_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return [
         (node.name or f"{node.op_type}_{i}", node.output[0])
         for i, node in enumerate(model.graph.node)
-        if node.domain == DOMAIN and node.op_type in (INDEXER_TOPK.name, INDEXER_TOPK_PAGED.name)
+        if node.domain == DOMAIN and node.op_type in SELECTING_OPS
     ]
 
 

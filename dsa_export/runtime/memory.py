@@ -11,8 +11,8 @@ The estimate is deliberately simple and graph-based: the weights (every initiali
 included) plus the largest working set of one ``dsa`` node, computed by :func:`dsa_node_bytes` from
 the node's input shapes (the graph's symbolic shapes with the requested sizes put in) and
 attributes, plus the graph's inputs and outputs. Nodes run one after the other, so the largest node
-is what counts. :func:`dsa_node_bytes` is the one place that knows the bodies' memory; when a body
-changes (e.g. query chunking, which bounds it to O(chunk x T)), change its formula there.
+is what counts. The op specs own the bodies' memory (``OpSpec.workspace_bytes``, formulas in
+:mod:`dsa_export.ops.sizes`); when a body changes, change its formula there.
 """
 
 from __future__ import annotations
@@ -42,125 +42,16 @@ _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4
 
 
 def dsa_node_bytes(op_type: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]) -> int:
-    """Peak working memory (bytes) of one ``dsa`` node's ONNX function body on ONNX Runtime.
+    """Peak working memory (bytes) of one ``dsa`` node's ONNX function body on ONNX Runtime: the op
+    spec's ``workspace_bytes`` (the formulas are in :mod:`dsa_export.ops.sizes`); 0 for other ops
+    (the standard ops around them are small next to these).
 
-    ``shapes`` are the node's input shapes (None where unknown), ``attrs`` its attributes. The
-    formulas follow the current bodies (:mod:`dsa_export.ops.onnx_ops`, :mod:`dsa_export.ops.moe_onnx`),
-    all intermediates in float32:
-
-    - ``DSAIndexerTopK(q [B,S,H,D], k [B,T,D], w [B,S,H])``: the body works on chunks of ``rows``
-      queries, ``rows = clamp(CHUNK_ELEMENTS // (B*H*(T+topk)), 1, S)`` as the body picks it. Alive
-      at once: the float32 queries (cast and scaled, ``2*B*S*H*D``), the transposed keys
-      (``B*T*D``), one chunk's ``[B,rows,H,T]`` products (twice: MatMul, ReLU) and its
-      ``[B,rows,T+topk]`` score, mask and padded tensors (about four), and the selection three
-      times (the loop's stacked chunks, their reordered copy, the sliced result, ``B*S*topk``):
-      ``4 * (2*B*S*H*D + B*T*D + 2*rows*B*H*T + 4*rows*B*(T+topk) + 3*B*S*topk)``.
-    - ``DSASparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,Tv,Hkv,Dv], indices [B,S,K])``: the
-      body copies the keys (and values, when v has rows) into one row table (``B*T*Hkv*(Dk+Cv)``,
-      Cv = Dv or 0), casts the queries (``B*S*H*Dk``), holds the indices as int64 with their mask
-      (``17*B*S*K`` bytes), and per chunk of ``rows = clamp(CHUNK_ELEMENTS // (B*K*(Hkv*(Dk+Dv)+3H)),
-      1, S)`` queries the gathered rows and their key/value slices (three copies of
-      ``B*rows*K*Hkv*(Dk+Dv)``) and the logits/probabilities (three of ``B*rows*H*K``); the output
-      three times (``B*S*H*Dv``). No term grows with S x T.
-    - ``DSAIndexerTopKPaged`` / ``DSASparseAttentionPaged``: the same with T = M*page keys read
-      through the block table; the indexer gathers each row's pages once (``B*T*D``, three
-      times), the attention only the pool rows a chunk selected. No term grows with the pool.
-    - ``DSABlockSparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], block_index
-      [B,H,nqb,Kb])`` (attribute ``block_size`` bs): the body holds the scaled queries padded to
-      ``nqb*bs`` rows and laid out in blocks (two copies), the keys and values as rows of one block
-      (``B*Hkv*(nkb+1)`` blocks, two copies), one chunk of ``rows`` query blocks (gathered blocks,
-      scores, masks and probabilities: ``B*H*Kb*(bs*(Dk+Dv+4bs)+Kb)`` values a query block, ``rows``
-      as the body picks it from its ``CHUNK_ELEMENTS``) and the output twice (the loop's stacked
-      chunks and their reordered copy): ``2*B*nqb*bs*H*Dk*4 + 2*B*Hkv*(nkb+1)*bs*(Dk+Dv)*4 +
-      rows*per_block*4 + 2*B*nqb*bs*H*Dv*4``. It grows with the selected blocks, never with S x T.
-    - ``DSAMoEExperts`` / ``DSAMoEExpertsFP8(x [N,H], ..., gate_up [E,2I,H], down [E,H,I])``: the
-      bodies loop over experts and tiles of at most 128 rows: ``x`` and the accumulator in float32,
-      one expert's weights in float32 (the FP8 ``stack`` body: all of them) and one tile:
-      ``2*N*H*4 + 3*I*H*4 + 128*(H+2I)*4``.
-
-    Other ops return 0 (the standard ops around them are small next to these).
+    ``shapes`` are the node's input shapes (None where unknown), ``attrs`` its attributes.
     """
-    def dims(i: int, rank: int) -> tuple[int, ...] | None:
-        shape = shapes[i] if i < len(shapes) else None
-        return shape if shape is not None and len(shape) == rank else None
+    from dsa_export.ops.contract import OPS
 
-    if op_type == "DSAIndexerTopK":
-        q, k = dims(0, 4), dims(1, 3)
-        if q is None or k is None:
-            return 0
-        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
-
-        b, s, h, d = q
-        t = k[1]
-        topk = int(attrs.get("topk", 0))
-        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * h * (t + topk))))
-        return F32 * (2 * b * s * h * d + b * t * d + 2 * rows * b * h * t + 4 * rows * b * (t + topk)
-                      + 3 * b * s * topk)
-    if op_type == "DSASparseAttention":
-        q, k, v, index = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 3)
-        if q is None or k is None:
-            return 0
-        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
-
-        b, s, h, dk = q
-        t, hkv = k[1], k[2]
-        dv = v[3] if v is not None else dk
-        cv = dv if v is not None and v[1] > 0 else 0
-        k_sel = index[2] if index is not None else t
-        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * k_sel * (hkv * (dk + dv) + 3 * h))))
-        return (F32 * (b * t * hkv * (dk + cv) + b * s * h * dk + 3 * rows * b * k_sel * hkv * (dk + dv)
-                       + 3 * rows * b * h * k_sel + 3 * b * s * h * dv) + 17 * b * s * k_sel)
-    if op_type == "DSAIndexerTopKPaged":
-        # The body gathers each row's pages once ([B,M,page,D]), then scores chunks as above.
-        q, pool, table = dims(0, 4), dims(1, 3), dims(3, 2)
-        if q is None or pool is None or table is None:
-            return 0
-        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
-
-        b, s, h, d = q
-        t = table[1] * pool[1]
-        topk = int(attrs.get("topk", 0))
-        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * h * (t + topk))))
-        return F32 * (2 * b * s * h * d + 3 * b * t * d + 2 * rows * b * h * t + 6 * rows * b * (t + topk)
-                      + 4 * b * s * topk)
-    if op_type == "DSASparseAttentionPaged":
-        # Per chunk: the selected pool rows only (the pools are viewed, never copied).
-        q, k_pool, v_pool, index, table = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 3), dims(4, 2)
-        if q is None or k_pool is None:
-            return 0
-        from dsa_export.ops.attention_onnx import CHUNK_ELEMENTS
-
-        b, s, h, dk = q
-        hkv = k_pool[2]
-        dv = v_pool[3] if v_pool is not None else dk
-        k_sel = index[2] if index is not None else (table[1] * k_pool[1] if table is not None else 1)
-        rows = max(1, min(s, CHUNK_ELEMENTS // max(1, b * k_sel * (hkv * (dk + dv) + 3 * h))))
-        return (F32 * (b * s * h * dk + 4 * rows * b * k_sel * hkv * (dk + dv) + 3 * rows * b * h * k_sel
-                       + 3 * b * s * h * dv) + 56 * rows * b * k_sel)
-    if op_type == "DSABlockSparseAttention":
-        q, k, v, index = dims(0, 4), dims(1, 4), dims(2, 4), dims(3, 4)
-        if q is None or k is None or v is None:
-            return 0
-        from dsa_export.ops.block_onnx import CHUNK_ELEMENTS
-
-        b, s, h, dk = q
-        t, hkv, dv = k[1], k[2], v[3]
-        bs = max(1, int(attrs.get("block_size", 1)))
-        n_qb, n_kb = -(-s // bs), -(-t // bs)
-        kb = max(1, index[3]) if index is not None else n_kb  # unknown list width: every key block
-        per_block = b * h * kb * (bs * (dk + dv + 4 * bs) + kb)
-        rows = max(1, min(n_qb, CHUNK_ELEMENTS // max(1, per_block)))
-        return (2 * b * n_qb * bs * h * dk * F32 + 2 * b * hkv * (n_kb + 1) * bs * (dk + dv) * F32
-                + rows * per_block * F32 + 2 * b * n_qb * bs * h * dv * F32)
-    if op_type in ("DSAMoEExperts", "DSAMoEExpertsFP8"):
-        x, gate_up = dims(0, 2), dims(3, 3)
-        if x is None or gate_up is None:
-            return 0
-        n, hidden = x
-        experts, two_i, _ = gate_up
-        intermediate = two_i // 2
-        return 2 * n * hidden * F32 + 3 * intermediate * hidden * F32 + 128 * (hidden + two_i) * F32
-    return 0
+    spec = OPS.get(op_type)
+    return spec.workspace_bytes(shapes, attrs) if spec is not None and spec.workspace_bytes is not None else 0
 
 
 @dataclass(frozen=True)

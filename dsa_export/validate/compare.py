@@ -36,6 +36,7 @@ import onnx
 
 from dsa_export.errors import DSAUserError
 from dsa_export.export.exporter import META_CONFIG, META_SETTINGS, META_SPEC
+from dsa_export.ops.contract import SELECTING_OPS
 from dsa_export.quiet import polygraphy_to_stderr
 from dsa_export.runtime.onnxrt import polygraphy_runner
 from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
@@ -177,8 +178,9 @@ def _reference_source(meta: dict[str, str], settings: ValidationSettings, path: 
     return source
 
 
-#: The indexer ops whose selections are judged per query row, near ties allowed.
-INDEXER_OPS = ("DSAIndexerTopK", "DSAIndexerTopKPaged")
+#: The indexer ops whose selections are judged per query row, near ties allowed (the contract's
+#: ops whose output is a selection).
+INDEXER_OPS = SELECTING_OPS
 
 
 class TorchOpSelections:

@@ -19,7 +19,12 @@ from dsa_export.ops import dsa_moe_experts, dsa_moe_experts_fp8
 from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBUTES
 from dsa_export.ops.moe_onnx import moe_experts_fp8_function, use_fp8_body
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
-from dsa_export.ops.reference import BODY_OPS, REFERENCE_OPS, moe_experts_fp8_reference, moe_experts_reference
+from dsa_export.ops.reference import (
+    BODY_OPS,
+    REFERENCE_OPS,
+    moe_experts_fp8_reference,
+    moe_experts_reference,
+)
 from tests.build_fixtures import rtx_build
 
 FLOAT, FP8 = TensorProto.FLOAT, TensorProto.FLOAT8E4M3FN
@@ -134,13 +139,13 @@ def test_fp8_op_matches_reference_and_dequantizes_one_active_expert_at_a_time(mo
     ids[ids == 3] = 0  # expert 3 stays idle
     gate_up, down, gus, dns = fp8_experts(e, inter, h, block, gen)
     calls = []
-    original = torch_ops.dequantize_blocks
+    original = torch_ops.dequantize_fp8_blocks
 
     def spy(weight, scale, block_size):
         calls.append(tuple(weight.shape))
         return original(weight, scale, block_size)
 
-    monkeypatch.setattr(torch_ops, "dequantize_blocks", spy)
+    monkeypatch.setattr(torch_ops, "dequantize_fp8_blocks", spy)
     got = dsa_moe_experts_fp8(x, ids, weights, gate_up, down, gus, dns, block_size=block)
     want = moe_experts_fp8_reference(x.numpy(), ids.numpy(), weights.numpy(), as_numpy_fp8(gate_up),
                                      as_numpy_fp8(down), gus.numpy(), dns.numpy(), block_size=block)
