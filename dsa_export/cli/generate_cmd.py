@@ -67,11 +67,12 @@ def command(model_dir: Path, prompts: tuple[str, ...], prompt_file, input_ids: P
     if temperature == 0 and (top_p != 1.0 or seed is not None):
         raise click.UsageError("--top-p and --seed apply to sampling; add --temperature T (> 0).")
     check_outputs((json_out, "--json-out"))
-    checkpoint = gen.checkpoint_dir(model_dir)
+    record = pipeline_record(model_dir)  # pipeline.json, read once for the tokenizer and the stages
+    checkpoint = gen.checkpoint_dir(model_dir, record)
     text_stream = None
     if texts:
         if tokenizer is None and checkpoint is None:
-            recorded = gen.recorded_checkpoint(model_dir)
+            recorded = gen.recorded_checkpoint(model_dir, record)
             if recorded is not None:
                 raise click.UsageError(f"{model_dir} was made from the checkpoint {recorded}, which is not there any "
                                        "more (a copied or moved build); pass its tokenizer with --tokenizer FILE, or "
@@ -90,7 +91,7 @@ def command(model_dir: Path, prompts: tuple[str, ...], prompt_file, input_ids: P
     settings = gen.SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                     eos_token_ids=eos, pad_token_id=pad, micro_batches=micro_batches,
                                     prefill_chunk=prefill_chunk)
-    model = _open(model_dir, runtime, ray_address, not no_verify)
+    model = _open(model_dir, runtime, ray_address, not no_verify, record)
     try:
         gen.require_decode_graph(model)
         for note in model.notes:
@@ -132,15 +133,24 @@ def command(model_dir: Path, prompts: tuple[str, ...], prompt_file, input_ids: P
     emit_report(report, as_json, json_out)
 
 
-def _open(model_dir: Path, runtime: str, ray_address: str | None, verify: bool):
+def pipeline_record(model_dir: Path):
+    """The :class:`~dsa_export.stages.record.Pipeline` of a pipeline folder (read and checked once
+    per command), None for one model."""
+    from dsa_export.stages.record import read_pipeline
+    from dsa_export.stages.session import is_pipeline
+
+    return read_pipeline(model_dir) if is_pipeline(model_dir) else None
+
+
+def _open(model_dir: Path, runtime: str, ray_address: str | None, verify: bool, record=None):
     from dsa_export.stages.session import PipelineSession, is_pipeline
 
-    if is_pipeline(model_dir):
+    if record is not None or is_pipeline(model_dir):
         if ray_address is not None:
             from dsa_export.stages.ray_actors import open_on_ray
 
-            return open_on_ray(model_dir, ray_address, runtime, verify=verify)
-        return PipelineSession.open(model_dir, runtime, verify=verify)
+            return open_on_ray(model_dir, ray_address, runtime, verify=verify, pipeline=record)
+        return PipelineSession.open(model_dir, runtime, verify=verify, pipeline=record)
     if ray_address is not None:
         raise click.UsageError(f"--ray runs pipeline stages; {model_dir} is one model (no pipeline.json).")
     from dsa_export.runtime import load

@@ -64,7 +64,7 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
     require("fastapi", "dsa-export serve", "pip install 'dsa-export[serve]'")
     uvicorn = require("uvicorn", "dsa-export serve", "pip install 'dsa-export[serve]'")
     from dsa_export import interrupts
-    from dsa_export.cli.generate_cmd import _open
+    from dsa_export.cli.generate_cmd import _open, pipeline_record
     from dsa_export.runtime import generate as gen
     from dsa_export.serve.api import create_app
     from dsa_export.serve.engine import ServingEngine
@@ -72,9 +72,10 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
 
     if api_key is not None and not api_key:
         raise click.UsageError("--api-key is empty; give a key or leave the option out.")
-    checkpoint = gen.checkpoint_dir(model_dir)
+    record = pipeline_record(model_dir)  # pipeline.json, read once for the tokenizer and the stages
+    checkpoint = gen.checkpoint_dir(model_dir, record)
     if tokenizer is None and checkpoint is None:
-        recorded = gen.recorded_checkpoint(model_dir)
+        recorded = gen.recorded_checkpoint(model_dir, record)
         where = (f"was made from the checkpoint {recorded}, which is not there any more"
                  if recorded is not None else "records no Hugging Face checkpoint")
         raise click.UsageError(f"{model_dir} {where}; pass the tokenizer with --tokenizer PATH.")
@@ -82,7 +83,7 @@ def command(model_dir: Path, host: str, port: int, max_batch: int, max_tokens_pe
     eos, _pad = gen.end_of_sequence(checkpoint)
     name = served_model_name or (checkpoint.name if checkpoint is not None else model_dir.resolve().name)
     listener = _listen(host, port)
-    model = _open(model_dir, runtime, ray_address, not no_verify)
+    model = _open(model_dir, runtime, ray_address, not no_verify, record)
     try:
         for note in model.notes:
             click.echo(note, err=True)

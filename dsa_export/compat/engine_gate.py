@@ -133,10 +133,14 @@ def sniff_engine(path: Path) -> str:
     )
 
 
-def read_requirements(engine: Path) -> EngineRequirements:
-    """Check that ``engine`` is a plan and read the manifest.json next to it."""
+def read_requirements(engine: Path, manifest_data: dict | None = None) -> EngineRequirements:
+    """Check that ``engine`` is a plan and read the manifest.json next to it; ``manifest_data``: that
+    manifest parsed already (by :func:`dsa_export.manifest.read_manifest`, which a loader has called
+    first), so that it is not read again."""
     sniff_engine(engine)
     manifest = engine.parent / MANIFEST_NAME
+    if manifest_data is not None:
+        return EngineRequirements.from_manifest(manifest_data, str(manifest))
     if not manifest.is_file():
         raise DSAUserError(
             f"{engine} has no {MANIFEST_NAME} next to it, so its TensorRT version, GPU and plugin library cannot be "
@@ -271,13 +275,32 @@ def check_engine(
     return requirements, compare_engine(requirements, probe, device)
 
 
+class GateProbe:
+    """The environment facts the gate needs, probed on first use and then kept: one probe for all
+    the engines one session opens (a pipeline's stages), not one per engine."""
+
+    def __init__(self) -> None:
+        self._probe: EnvironmentProbe | None = None
+
+    def get(self) -> EnvironmentProbe:
+        if self._probe is None:  # only what loading needs: no torch or onnxruntime import
+            self._probe = probe_environment(ProbeSettings(components=GATE_COMPONENTS))
+        return self._probe
+
+
 def gate_engine(
-    engine: str | Path, probe: EnvironmentProbe | None = None, device: int = 0
+    engine: str | Path, probe: EnvironmentProbe | GateProbe | None = None, device: int = 0,
+    manifest_data: dict | None = None,
 ) -> EngineRequirements:
-    """Call before deserializing ``engine``: returns its requirements or raises DSAUserError with the reason."""
-    requirements = read_requirements(Path(engine))
-    if probe is None:  # only what loading needs: no torch or onnxruntime import
-        probe = probe_environment(ProbeSettings(components=GATE_COMPONENTS))
+    """Call before deserializing ``engine``: returns its requirements or raises DSAUserError with the reason.
+
+    ``probe``: the environment, or a :class:`GateProbe` shared by the engines of one session (None:
+    probe here). ``manifest_data``: the engine's manifest.json parsed already (else it is read)."""
+    requirements = read_requirements(Path(engine), manifest_data)
+    if probe is None:
+        probe = GateProbe()
+    if isinstance(probe, GateProbe):
+        probe = probe.get()
     findings = compare_engine(requirements, probe, device)
     if findings:
         first = findings[0]
@@ -294,6 +317,7 @@ __all__ = [
     "MANIFEST_NAME",
     "PLAN_MAGICS",
     "EngineRequirements",
+    "GateProbe",
     "check_engine",
     "compare_engine",
     "gate_engine",

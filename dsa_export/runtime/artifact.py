@@ -35,14 +35,15 @@ def checked_path(artifact: str | Path, runtime: str) -> Path:
 
 
 def open_artifact(artifact: str | Path, runtime: str = "auto", device: int = 0, *, verify: bool = True,
-                  **options: Any) -> Session:
+                  probe=None, **options: Any) -> Session:
     """Open a build folder, an engine file, the ``onnxruntime/`` artifact or a plain .onnx (a
     pipeline folder is :func:`dsa_export.runtime.loader.load`'s, which calls this for the rest).
 
     ``runtime``: ``engine`` or ``onnxruntime`` to insist on one; ``auto`` takes the folder's engine
     when the gate accepts it on this machine and otherwise its ONNX Runtime artifact, with a note
     saying why. ``verify``: check each file against the build's manifest before loading it (an
-    engine or ONNX file that was truncated or replaced is refused).
+    engine or ONNX file that was truncated or replaced is refused). ``probe``: a
+    :class:`~dsa_export.compat.engine_gate.GateProbe` shared by the engines of one session.
     """
     path = checked_path(artifact, runtime)
     if path.is_file():
@@ -55,7 +56,7 @@ def open_artifact(artifact: str | Path, runtime: str = "auto", device: int = 0, 
             return open_artifact(path.parent, runtime, device, verify=verify, **options)
         if runtime == "onnxruntime":
             raise DSAUsageError(f"{path} is an engine; pass its build folder or an .onnx file for ONNX Runtime.")
-        return _engine_session(path, read_manifest(path), device, verify)
+        return _engine_session(path, read_manifest(path), device, verify, probe)
     if path.name == ORT_DIR and (path.parent / MANIFEST_NAME).is_file():
         return onnxrt.ArtifactSession.open(read_manifest(path.parent), verify=verify, **options)
     manifest = read_manifest(path)
@@ -71,16 +72,16 @@ def open_artifact(artifact: str | Path, runtime: str = "auto", device: int = 0, 
     # A damaged engine is refused outright, never replaced by the ONNX Runtime artifact.
     manifest.verify([engine_path], enabled=verify)
     if runtime == "engine" or not has_ort:
-        return _engine_session(engine_path, manifest, device, verify=False)
+        return _engine_session(engine_path, manifest, device, verify=False, probe=probe)
     try:
-        return _engine_session(engine_path, manifest, device, verify=False)
+        return _engine_session(engine_path, manifest, device, verify=False, probe=probe)
     except DSAUserError as exc:
         session = onnxrt.ArtifactSession.open(manifest, verify=verify, **options)
         session.notes.insert(0, f"Using the ONNX Runtime artifact because the {engine.get('backend')} engine cannot run here: {exc}")
         return session
 
 
-def _engine_session(path: Path, manifest: Manifest, device: int, verify: bool = True) -> Session:
+def _engine_session(path: Path, manifest: Manifest, device: int, verify: bool = True, probe=None) -> Session:
     if path.is_dir():
         raise DSAUserError(f"{path} is a folder, not an engine; pass the build folder or the engine file in it.")
     notes = manifest.verify([path], enabled=verify)
@@ -90,7 +91,7 @@ def _engine_session(path: Path, manifest: Manifest, device: int, verify: bool = 
         sniff_engine(path)  # raises with what the file is instead
     from dsa_export.runtime.tensorrt import EngineSession
 
-    session = EngineSession.open(path, manifest, device)
+    session = EngineSession.open(path, manifest, device, probe)
     session.notes.extend(notes)
     return session
 

@@ -285,33 +285,36 @@ def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
 
 # -- what a build came from: the tokenizer and the end-of-sequence ids -----------------------------
 
-def checkpoint_dir(path: str | Path) -> Path | None:
+def checkpoint_dir(path: str | Path, pipeline=None) -> Path | None:
     """The Hugging Face directory a pipeline folder, build folder or .onnx was made from (None for
-    other models or when the recorded path is gone)."""
-    recorded = recorded_checkpoint(path)
+    other models or when the recorded path is gone). ``pipeline``: the folder's
+    :class:`~dsa_export.stages.record.Pipeline`, when the caller has read it already."""
+    recorded = recorded_checkpoint(path, pipeline)
     return recorded if recorded is not None and recorded.is_dir() else None
 
 
-def recorded_checkpoint(path: str | Path) -> Path | None:
+def recorded_checkpoint(path: str | Path, pipeline=None) -> Path | None:
     """The Hugging Face directory a pipeline folder, build folder or .onnx records it was made from,
-    whether or not it is still there (None when it records none)."""
-    from dsa_export.export.exporter import META_SPEC
+    whether or not it is still there (None when it records none). ``pipeline``: as for
+    :func:`checkpoint_dir`."""
     from dsa_export.manifest import MANIFEST_NAME, read_manifest
     from dsa_export.model_ref import ModelReference, from_metadata
+    from dsa_export.onnx_files import META_SPEC
     from dsa_export.stages.record import PIPELINE_NAME
 
     path = Path(path)
     reference = None
-    if path.is_dir() and (path / PIPELINE_NAME).is_file():
+    if pipeline is not None or (path.is_dir() and (path / PIPELINE_NAME).is_file()):
         from dsa_export.stages.record import read_pipeline
 
-        record = read_pipeline(path).model
+        record = (pipeline or read_pipeline(path)).model
         if record:
             reference = ModelReference.from_json(json.dumps(record)).absolute(path)
     else:
         onnx_path = path
         if path.is_dir() and (path / MANIFEST_NAME).is_file():
-            onnx_path = read_manifest(path).artifact((read_manifest(path).data.get("model") or {}).get("onnx", ""))
+            manifest = read_manifest(path)
+            onnx_path = manifest.artifact((manifest.data.get("model") or {}).get("onnx", ""))
         if onnx_path.is_file() and onnx_path.suffix == ".onnx":
             import onnx
 

@@ -14,6 +14,7 @@ loaded only when its sha256 is the one the manifest records.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,25 @@ SESSION_OPTIONS = {
 LARGE_WEIGHTS_BYTES = 1 << 30
 
 
-def external_data_bytes(path: str | Path, model_bytes: bytes | None = None) -> int:
-    """Bytes of the external-data files the graph at ``path`` (or ``model_bytes``) names."""
+def _graph(path: str | Path, model_bytes: bytes | None, graph):
+    """The graph (weights not loaded): ``graph`` when the caller has read it, else parsed from
+    ``model_bytes`` or read from ``path``; None when it cannot be read (ONNX Runtime reports an
+    unreadable file itself)."""
+    if graph is not None:
+        return graph
     import onnx
 
     try:
-        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
-                 else onnx.load(str(path), load_external_data=False))
-    except Exception:  # ONNX Runtime reports an unreadable file itself
+        return (onnx.load_from_string(model_bytes) if model_bytes is not None
+                else onnx.load(str(path), load_external_data=False))
+    except Exception:
+        return None
+
+
+def external_data_bytes(path: str | Path, model_bytes: bytes | None = None, graph=None) -> int:
+    """Bytes of the external-data files the graph at ``path`` (or ``model_bytes``, or ``graph``) names."""
+    model = _graph(path, model_bytes, graph)
+    if model is None:
         return 0
     folder = data_folder(path)
     locations = {entry.value for tensor in model.graph.initializer for entry in tensor.external_data
@@ -61,34 +73,30 @@ def external_data_bytes(path: str | Path, model_bytes: bytes | None = None) -> i
     return sum((folder / name).stat().st_size for name in locations if (folder / name).is_file())
 
 
-def weights_in_place(options, path: str | Path, model_bytes: bytes | None = None) -> bool:
+def weights_in_place(options, path: str | Path, model_bytes: bytes | None = None, graph=None) -> bool:
     """Run a model of large weights (:data:`LARGE_WEIGHTS_BYTES` of external data or more) from
     its memory-mapped external data: no pre-packed copy of each MatMul/Gemm weight
     (``session.disable_prepacking``) and no CPU arena (which holds a run's peak for the session's
     life). Measured on two DeepSeek-V3.2-width dense layers in fp32 (4.8 GB of weights) at 2100
     tokens: peak RSS 13.6 GiB with both, 6.1 GiB without. Returns whether it applied."""
-    if external_data_bytes(path, model_bytes) < LARGE_WEIGHTS_BYTES:
+    if external_data_bytes(path, model_bytes, graph) < LARGE_WEIGHTS_BYTES:
         return False
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False
     return True
 
 
-def onnxruntime_model_bytes(path: str | Path, model_bytes: bytes | None = None) -> bytes | None:
+def onnxruntime_model_bytes(path: str | Path, model_bytes: bytes | None = None, graph=None) -> bytes | None:
     """The graph at ``path`` (or ``model_bytes``) with the dsa bodies ONNX Runtime runs best
     (:func:`dsa_export.ops.onnx_ops.use_onnxruntime_bodies`), serialized without reading the
     external data; None when there is nothing to swap (a native file), so ``path`` (or
     ``model_bytes``) runs as it is. ONNX Runtime cannot tell which file these bytes came from:
     pass them with ``session.model_external_initializers_file_folder_path`` set, as
-    :func:`session` does."""
-    import onnx
-
+    :func:`session` does. ``graph``: the file read already (its bodies are swapped in place)."""
     from dsa_export.ops.onnx_ops import use_onnxruntime_bodies
 
-    try:
-        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
-                 else onnx.load(str(path), load_external_data=False))
-    except Exception:  # ONNX Runtime reports an unreadable file itself
+    model = _graph(path, model_bytes, graph)
+    if model is None:
         return None
     return model.SerializeToString() if use_onnxruntime_bodies(model) else None
 
@@ -99,6 +107,7 @@ def session(
     threads: int | None = None,
     memory_arena: bool = True,
     model_bytes: bytes | None = None,
+    graph=None,
 ):
     """An ``onnxruntime.InferenceSession`` for ``path`` with a clear error if ORT rejects it.
 
@@ -107,19 +116,22 @@ def session(
     runs a modified copy of the graph at ``path`` (e.g. with extra outputs) whose external data
     is still read from beside ``path``: nothing is written next to the user's file. Models with
     large weights keep them in place (:func:`weights_in_place`). The session runs the trimmed
-    sparse-attention body (:func:`onnxruntime_model_bytes`), in memory.
+    sparse-attention body (:func:`onnxruntime_model_bytes`), in memory. ``graph``: the file (or
+    ``model_bytes``) read already, as a copy this function may change (the file is then not read
+    again).
     """
     import onnxruntime as ort
 
     quiet.quiet_onnxruntime(ort)
-    _check_external_data(path, model_bytes, REFUSED_EXPORT)
-    model_bytes = onnxruntime_model_bytes(path, model_bytes) or model_bytes
+    read = _graph(path, model_bytes, graph)  # once: the checks, the weights' size and the body swap
+    _check_external_data(path, model_bytes, REFUSED_EXPORT, read)
     options = ort.SessionOptions()
     options.log_severity_level = quiet.ort_severity()
     if threads:
         options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = memory_arena
-    weights_in_place(options, path, model_bytes)
+    weights_in_place(options, path, model_bytes, read)
+    model_bytes = onnxruntime_model_bytes(path, model_bytes, read) or model_bytes
     target: str | bytes = str(path)
     if model_bytes is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
@@ -142,21 +154,16 @@ def data_folder(path: str | Path) -> Path:
     return Path(path).absolute().parent.resolve()
 
 
-def _check_external_data(path: str | Path, model_bytes: bytes | None, remedy: str) -> None:
+def _check_external_data(path: str | Path, model_bytes: bytes | None, remedy: str, graph=None) -> None:
     """Before ONNX Runtime opens ``path`` (or ``model_bytes``, whose external data is read beside
     ``path``): every external data location lies inside that folder and every tensor's bytes lie
     within its data file (:func:`dsa_export.integrity.check_external_data`). ONNX Runtime refuses
     locations out of the folder itself only from 1.32 on; this holds for every supported version."""
-    import onnx
-
     from dsa_export.integrity import check_external_data
 
-    try:
-        model = (onnx.load_from_string(model_bytes) if model_bytes is not None
-                 else onnx.load(str(path), load_external_data=False))
-    except Exception:  # ONNX Runtime reports an unreadable file itself
-        return
-    check_external_data(path, model, remedy=remedy)
+    model = _graph(path, model_bytes, graph)
+    if model is not None:
+        check_external_data(path, model, remedy=remedy)
 
 
 def polygraphy_runner(path: str | Path, name: str = "onnxruntime", model_bytes: bytes | None = None):
@@ -317,11 +324,13 @@ class OnnxFileSession:
         from dsa_export.manifest import io_specs
 
         path = Path(path)
-        graph = onnx.load(str(path), load_external_data=False)  # read once: memory facts and token-id ranges
-        session_ = OrtSession(session(path, threads=threads), kind=f"onnxruntime (CPUExecutionProvider, {path.name})",
-                              graph_path=path, graph=graph)
+        graph = onnx.load(str(path), load_external_data=False)  # read once for everything below
         # The graph's own record of token-id ranges (the vocabulary) checks inputs before they run.
         inputs, _ = io_specs(graph)
+        memory_facts = copy.deepcopy(graph)  # session() swaps the bodies of the graph it is given
+        session_ = OrtSession(session(path, threads=threads, graph=graph),
+                              kind=f"onnxruntime (CPUExecutionProvider, {path.name})", graph_path=path,
+                              graph=memory_facts)
         ranges = {spec.name: spec.value_range for spec in inputs}
         session_.inputs = [TensorSpec(s.name, s.dtype, s.shape, ranges.get(s.name)) for s in session_.inputs]
         return session_
@@ -438,9 +447,10 @@ class ArtifactSession:
         # The CPU and CUDA chains load the optimized model (bodies inlined, trimmed attention
         # already) or, where none was saved, the plain file: that one gets the trimmed body in
         # memory. The TensorRT chain keeps the file's bodies, which TensorRT builds.
-        _check_external_data(model, None, REBUILD)
-        swapped = None if providers[0] == "TensorrtExecutionProvider" else onnxruntime_model_bytes(model)
-        weights_in_place(options, model, swapped)
+        read = _graph(model, None, None)  # once: the checks, the body swap and the weights' size
+        _check_external_data(model, None, REBUILD, read)
+        weights_in_place(options, model, graph=read)
+        swapped = None if providers[0] == "TensorrtExecutionProvider" else onnxruntime_model_bytes(model, graph=read)
         if swapped is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                              str(data_folder(model)))

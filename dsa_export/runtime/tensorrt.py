@@ -101,11 +101,13 @@ class EngineSession(Session):
         self.output_names = [n for n in names if n not in self.input_names]
 
     @classmethod
-    def open(cls, path: Path, manifest: Manifest, device: int = 0) -> EngineSession:
+    def open(cls, path: Path, manifest: Manifest, device: int = 0, probe=None) -> EngineSession:
+        """``probe``: a :class:`~dsa_export.compat.engine_gate.GateProbe` shared by the engines of one
+        session (None: the gate probes for this engine alone)."""
         from dsa_export.compat import gate_engine
         from dsa_export.errors import require
 
-        requirements = gate_engine(path, device=device)
+        requirements = gate_engine(path, probe, device=device, manifest_data=manifest.data)
         trt = runtime_module(requirements.backend)
         torch = require("torch", "Running a TensorRT engine from Python")
         if not torch.cuda.is_available():

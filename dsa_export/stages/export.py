@@ -82,18 +82,13 @@ def _checkpoint_bytes(checkpoint, start: int, stop: int, embed: bool, head: bool
 
 
 def _io_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The stage's inputs and outputs as pipeline.json records them: by the code that writes a
+    build's manifest (:func:`dsa_export.manifest.io_specs`, token-id ranges included)."""
     import onnx
-    from onnx import helper
 
-    model = onnx.load(str(path), load_external_data=False)
-    initializers = {t.name for t in model.graph.initializer}
+    from dsa_export.manifest import io_specs
 
-    def spec(value) -> TensorSpec:
-        tensor_type = value.type.tensor_type
-        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type != 16 else "bfloat16"
-        return TensorSpec(value.name, dtype, tuple(d.dim_param or d.dim_value for d in tensor_type.shape.dim))
-
-    return ([spec(v) for v in model.graph.input if v.name not in initializers], [spec(v) for v in model.graph.output])
+    return io_specs(onnx.load(str(path), load_external_data=False))
 
 
 def _links(stages: list[StageFiles]) -> list[StageLink]:

@@ -146,13 +146,15 @@ class RayStage:
 
 
 def open_on_ray(folder: str | Path, address: str = "auto", runtime: str = "auto", *, verify: bool = True,
-                threads: int | None = None, timeout: float | None = 600.0, num_cpus: int | None = None):
-    """Open every stage of ``folder`` in its own Ray actor; returns a PipelineSession."""
+                threads: int | None = None, timeout: float | None = 600.0, num_cpus: int | None = None,
+                pipeline=None):
+    """Open every stage of ``folder`` in its own Ray actor; returns a PipelineSession.
+    ``pipeline``: the folder's ``pipeline.json`` when the caller has read it already."""
     from dsa_export.stages.record import read_pipeline
     from dsa_export.stages.session import PipelineSession, stage_inputs
 
     folder = Path(folder).resolve()
-    pipeline = read_pipeline(folder)
+    pipeline = pipeline if pipeline is not None else read_pipeline(folder)
     ray = connect(address, num_cpus=num_cpus)
     resources = ray.cluster_resources()
     gpus = 1 if resources.get("GPU", 0) >= 1 and runtime != "onnxruntime" else 0

@@ -270,20 +270,24 @@ class PipelineSession(Session):
     @classmethod
     def open(cls, folder: str | Path, runtime: str = "auto", *, devices: Sequence[int] | None = None,
              verify: bool = True, threads: int | None = None, timeout: float | None = None,
-             **_options: Any) -> PipelineSession:
+             pipeline: Pipeline | None = None, **_options: Any) -> PipelineSession:
         """Open every stage of ``folder`` (a stage export or a stage build) in this process.
 
         ``devices``: GPU per stage, overriding the build's assignment. ``threads``: ONNX Runtime
-        threads per stage (default: its own choice).
+        threads per stage (default: its own choice). ``pipeline``: the folder's ``pipeline.json``
+        when the caller has read it already (it is not read again).
         """
         folder = Path(folder)
-        pipeline = read_pipeline(folder)
+        pipeline = pipeline if pipeline is not None else read_pipeline(folder)
         wiring = stage_inputs(pipeline)
         handles: list[StageHandle] = []
+        from dsa_export.compat.engine_gate import GateProbe
+
+        probe = GateProbe()  # the environment probed once for every stage's engine, when one is opened
         try:
             for stage, (_sources, links) in zip(pipeline.stages, wiring):
                 device = _device_of(stage, devices)
-                session = open_stage(folder, stage, runtime, device, verify=verify, threads=threads)
+                session = open_stage(folder, stage, runtime, device, verify=verify, threads=threads, probe=probe)
                 handles.append(ThreadStage(LocalStage(stage.index, session, links, _where(session))))
         except BaseException:
             for handle in handles:
@@ -436,9 +440,10 @@ def _device_of(stage: StageFiles, devices: Sequence[int] | None) -> int:
 
 
 def open_stage(folder: Path, stage: StageFiles, runtime: str, device: int, *, verify: bool = True,
-               threads: int | None = None) -> Session:
+               threads: int | None = None, probe=None) -> Session:
     """The session of one stage: its build folder (engine on ``cuda:{device}`` or the ONNX Runtime
-    artifact, as ``runtime`` says) or, in a stage export, its .onnx on ONNX Runtime's CPU provider."""
+    artifact, as ``runtime`` says) or, in a stage export, its .onnx on ONNX Runtime's CPU provider.
+    ``probe``: the :class:`~dsa_export.compat.engine_gate.GateProbe` the stages of one session share."""
     from dsa_export.runtime.artifact import open_artifact
 
     if runtime not in RUNTIME_CHOICES:
@@ -460,7 +465,7 @@ def open_stage(folder: Path, stage: StageFiles, runtime: str, device: int, *, ve
     if runtime != "onnxruntime":
         _check_device(what, device, required=runtime == "engine")
     try:
-        return open_artifact(path, runtime, device, verify=verify, **options)
+        return open_artifact(path, runtime, device, verify=verify, probe=probe, **options)
     except DSAUserError as exc:
         raise DSAUserError(f"{what}: {exc}") from exc
 

@@ -124,6 +124,25 @@ def test_matching_engine_passes_the_gate(tmp_path: Path, h200: EnvironmentProbe)
     assert gate_engine(engine, h200).trt_version == "11.0.0.15"
 
 
+def test_engines_of_one_session_share_one_probe_and_read_no_manifest_again(
+    tmp_path: Path, h200: EnvironmentProbe, monkeypatch
+) -> None:
+    """A pipeline's stages pass one GateProbe: the environment is probed on the first engine only;
+    a manifest the loader has parsed is handed over, not read again."""
+    import dsa_export.compat.engine_gate as gate
+
+    engines = [_engine(tmp_path / f"stage_{i}", H200_ENGINE) for i in range(3)]
+    probes = []
+    monkeypatch.setattr(gate, "probe_environment", lambda settings: probes.append(settings) or h200)
+    shared = gate.GateProbe()
+    for engine in engines:
+        (engine.parent / "manifest.json").unlink()  # the gate must not need the file
+        assert gate_engine(engine, shared, manifest_data=H200_ENGINE).trt_version == "11.0.0.15"
+    assert len(probes) == 1
+    gate_engine(engines[0], manifest_data=H200_ENGINE)  # no shared probe: this engine probes alone
+    assert len(probes) == 2
+
+
 @pytest.mark.parametrize(
     ("changes", "finding"),
     [

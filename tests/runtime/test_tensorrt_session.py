@@ -117,7 +117,7 @@ def opened(tmp_path, monkeypatch):
         records: list = []
         trt = trt or runtime_trt(records, **options)
         monkeypatch.setitem(sys.modules, "tensorrt", trt)
-        monkeypatch.setattr(dsa_export.compat, "gate_engine", lambda path, device=0: requirements)
+        monkeypatch.setattr(dsa_export.compat, "gate_engine", lambda path, probe=None, device=0, manifest_data=None: requirements)
         return EngineSession.open(engine_file, manifest, device=device), trt, records, torch
 
     return open_engine

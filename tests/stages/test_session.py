@@ -542,7 +542,7 @@ def test_a_copied_build_says_its_checkpoint_is_gone(builds, tmp_path):
     gone = tmp_path / "gone"
     result = None
     try:
-        gen.recorded_checkpoint = lambda path: gone  # type: ignore[assignment]
+        gen.recorded_checkpoint = lambda path, pipeline=None: gone  # type: ignore[assignment]
         result = _cli("generate", copy, "--prompt", "hello")
     finally:
         gen.recorded_checkpoint = real  # type: ignore[assignment]
