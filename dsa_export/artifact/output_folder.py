@@ -75,7 +75,7 @@ def link_external_data(src: Path, work: Path, *, copy: bool = False) -> list[str
 
 
 def check_library(path: Path) -> None:
-    """``--plugins``: an existing shared library (ELF), refused before the first stage."""
+    """``--plugins``: an existing shared library (ELF), refused before the first step."""
     if path.is_dir():
         raise DSAUsageError(f"--plugins '{path}' is a folder; pass the plugin library file (libdsa_plugins.so).")
     if not path.is_file():

@@ -21,7 +21,7 @@ DEFAULT_RTX_TARGETS = ("SM89",)
 #: ONNX Runtime graph optimizations saved into the artifact. BASIC is hardware independent; higher
 #: levels write CPU-specific fused ops that other machines and execution providers cannot use.
 DEFAULT_ORT_OPTIMIZATION = "basic"
-#: Sequence lengths the validate stage compares at (the traced export saw 64).
+#: Sequence lengths the validate step compares at (the traced export saw 64).
 DEFAULT_VALIDATION_SEQ_LENS = (16, 64, 256)
 
 
@@ -50,7 +50,7 @@ class BuildSettings:
         rtx_targets: TensorRT-RTX compute capabilities (``SM89``...); None: the visible GPU if
             TensorRT-RTX supports it, else :data:`DEFAULT_RTX_TARGETS`.
         skip_checks: build even when the compatibility checks find a blocking problem.
-        validate: run the validation stage (ONNX Runtime vs torch) on the exported file.
+        validate: run the validation step (ONNX Runtime vs torch) on the exported file.
         validation_seq_lens: sequence lengths the validation compares at.
         calibration_data: data for int8/fp8 calibration; None uses the model's bundled data.
         force: replace an existing non-empty output folder that is not a previous build.

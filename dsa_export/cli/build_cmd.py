@@ -67,8 +67,8 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
             as_json: bool, json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
-    MODEL is what `dsa-export export` takes, or an exported .onnx (the export stage is then skipped;
-    a Python factory the file records is not run, so the validate stage is skipped for it).
+    MODEL is what `dsa-export export` takes, or an exported .onnx (the export step is then skipped;
+    a Python factory the file records is not run, so the validate step is skipped for it).
     Stages: export -> validate -> calibrate (int8/fp8) -> check -> engine. Everything lands in OUTPUT
     at once at the end; a failure, Ctrl-C or SIGTERM leaves OUTPUT as it was (exit 130 on a signal).
 

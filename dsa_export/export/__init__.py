@@ -1,4 +1,4 @@
-"""The export stage: torch model -> ONNX with ``dsa`` custom nodes or standard ops only."""
+"""The export step of a build (and `dsa-export export`): torch model -> ONNX with ``dsa`` custom nodes or standard ops only."""
 
 from dsa_export.export.exporter import ExportResult, export_model, export_to_file, inline_custom_ops, save_model
 from dsa_export.export.settings import DEFAULT_OPSET, ExportSettings

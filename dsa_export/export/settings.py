@@ -1,4 +1,4 @@
-"""Settings of the export stage. ``None`` means "the default", and every default is written here
+"""Settings of the export step. ``None`` means "the default", and every default is written here
 (or, for dtype and opset, decided from the model source in :meth:`ExportSettings.resolved`)."""
 
 from __future__ import annotations

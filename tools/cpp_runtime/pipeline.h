@@ -81,7 +81,7 @@ struct Stage
     TensorSpec const* output(std::string const& name) const;
 };
 
-//! ``output`` of stage ``from`` feeds ``input`` of stage ``to`` (pipeline_record.py, StageLink).
+//! ``output`` of stage ``from`` feeds ``input`` of stage ``to`` (dsa_export/stages/record.py, StageLink).
 struct Link
 {
     int from{0};
