@@ -39,6 +39,21 @@ bool isPool(std::string const& name)
     return name.rfind("past_", 0) == 0 && name.find("_pool_") != std::string::npos;
 }
 
+//! The per-call inputs the generator writes itself (the rest are cache pools and links).
+constexpr char const* kCONTROLS[] = {"input_ids", "query_start", "query_lengths", "block_table"};
+
+bool isControl(std::string const& name)
+{
+    for (char const* control : kCONTROLS)
+    {
+        if (name == control)
+        {
+            return true;
+        }
+    }
+    return false;
+}
+
 std::string presentOf(std::string const& past)
 {
     return "present_" + past.substr(5);
@@ -244,6 +259,16 @@ void Generator::checkPaged() const
         require(paged, stage.label + " is not a paged graph (no block_table / query_start / query_lengths input); "
             "--generate needs a paged build: `dsa-export build HF_DIR --stages N --graph paged`.");
     }
+    for (Stage const& stage : mPlan.stages)
+    {
+        for (TensorSpec const& spec : stage.inputs)
+        {
+            require(isControl(spec.name) || isPool(spec.name) || mPlan.linkInto(stage.index, spec.name) != nullptr,
+                stage.label + " takes the input '" + spec.name + "', which --generate does not feed (it feeds "
+                    "input_ids, query_start, query_lengths, block_table, the past_*_pool_* caches and the links "
+                    "between stages); rebuild the stages with `dsa-export build HF_DIR --stages N --graph paged`.");
+        }
+    }
     Stage const& first = mPlan.stages.front();
     require(first.input("input_ids") != nullptr, first.label + " takes no input_ids; --generate needs the first stage.");
     require(mPlan.stages.back().output("logits") != nullptr, "the last stage returns no logits; --generate needs them.");
@@ -357,7 +382,7 @@ void Generator::allocatePools(StageGen& gen)
 void Generator::allocateControls(StageGen& gen)
 {
     Stage const& stage = *gen.run->stage;
-    for (char const* name : {"input_ids", "query_start", "query_lengths", "block_table"})
+    for (char const* name : kCONTROLS)
     {
         if (stage.input(name) != nullptr && !mPlan.linkInto(stage.index, name))
         {
