@@ -1,6 +1,6 @@
-"""The build pipeline: export -> validate -> calibrate -> check -> engine, into one artifact folder.
+"""One build: its steps export -> validate -> calibrate -> check -> engine, into one artifact folder.
 
-Importing this package imports neither torch, onnxruntime nor TensorRT; each stage imports what it
+Importing this package imports neither torch, onnxruntime nor TensorRT; each step imports what it
 needs when it runs. The manifest schema it writes lives in :mod:`dsa_export.manifest`.
 """
 

@@ -105,7 +105,7 @@ def _stderr(line: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The pipeline
+# The build
 
 
 def preflight(settings: BuildSettings) -> tuple[Any, GraphSummary | None]:
@@ -164,7 +164,7 @@ def preflight(settings: BuildSettings) -> tuple[Any, GraphSummary | None]:
     return source, supplied
 
 
-class _Pipeline:
+class _Build:
     def __init__(self, settings: BuildSettings, work: Path, log: Callable[[str], None], source: Any = None,
                  supplied: GraphSummary | None = None):
         self.settings = settings
@@ -219,7 +219,7 @@ class _Pipeline:
         if s.model_is_onnx:
             precision = self._supplied_precision(plan, precision)
         self.log(f"Plan: {', '.join(plan.backends)} at {precision} ({plan.reason}).")
-        # The rules are cheap once probed: the check step records the same reports in pipeline order.
+        # The rules are cheap once probed: the check step records the same reports in step order.
         from dsa_export.compat import CheckSettings, require_no_blocking, run_checks
 
         reports = {
@@ -323,7 +323,7 @@ def _source_dims(source) -> set[str]:
 
 
 def build(settings: BuildSettings, log: Callable[[str], None] | None = None, probe=None) -> BuildResult:
-    """Run the pipeline into a temporary sibling of ``settings.output`` and rename it into place."""
+    """Run the steps into a temporary sibling of ``settings.output`` and rename it into place."""
     log = log or _stderr
     start = time.perf_counter()
     output = settings.output
@@ -343,17 +343,17 @@ def build(settings: BuildSettings, log: Callable[[str], None] | None = None, pro
 
                 log("Probing the environment ...")
                 probe = probe_environment()
-            pipeline = _Pipeline(settings, work, log, source, supplied)
-            pipeline.run(probe)
+            run = _Build(settings, work, log, source, supplied)
+            run.run(probe)
             apply_umask(work)
             # The hashes just recorded are the verification cache: the first run hashes nothing.
-            remember_hashes(work, {name: record["sha256"] for name, record in pipeline.manifest[FILES_KEY].items()})
+            remember_hashes(work, {name: record["sha256"] for name, record in run.manifest[FILES_KEY].items()})
             install(work, output)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             remove_created(created)
             raise
-    return BuildResult(output, pipeline.manifest, pipeline.steps, time.perf_counter() - start)
+    return BuildResult(output, run.manifest, run.steps, time.perf_counter() - start)
 
 
 __all__ = ["EXPORT_TIME_NOTE", "STEPS", "BackendPlan", "BuildResult", "StepRecord", "build", "plan_backends"]

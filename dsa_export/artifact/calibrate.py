@@ -1,6 +1,6 @@
 """The calibrate step: a thin adapter over :mod:`dsa_export.quantize`, imported only for int8/fp8.
 
-The quantize package ships separately from the build pipeline; an install without it can still
+The quantize package ships separately from the build; an install without it can still
 build fp32/fp16/bf16 artifacts and says plainly that calibration is missing when int8/fp8 is asked.
 """
 
