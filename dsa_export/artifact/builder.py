@@ -54,7 +54,6 @@ from dsa_export.fileio import (
     check_output_path,
     make_parents,
     remove_created,
-    sha256_file,
 )
 from dsa_export.integrity import remember_hashes
 from dsa_export.manifest import (
@@ -236,8 +235,7 @@ class _Build:
     def _supplied_precision(self, plan: BackendPlan, precision: str) -> str:
         """A supplied file keeps its own float type unless --precision asks for one TensorRT can lower."""
         s = self.settings
-        if self.supplied is None:
-            self.supplied = GraphSummary.load(Path(str(s.model)))
+        assert self.supplied is not None, "preflight reads a supplied file"
         typed = self.supplied.precision
         if s.precision is None and precision in EXPORT_DTYPES and typed != precision:
             return typed
@@ -252,12 +250,13 @@ class _Build:
         ctx = self.context(probe)
         for step in BUILD_STEPS:
             self.step(step.name, lambda step=step: step.run(ctx))
-        self.manifest = self._manifest(ctx)
-        self.manifest[FILES_KEY] = file_records(self.work)
+        records = file_records(self.work)  # every file hashed once (or taken from the folder's cache)
+        self.manifest = self._manifest(ctx, records[ONNX_NAME]["sha256"])
+        self.manifest[FILES_KEY] = records
         write_manifest(self.manifest, self.work / MANIFEST_NAME)
 
-    def _manifest(self, ctx: BuildContext) -> dict[str, Any]:
-        from dsa_export.export.exporter import META_MODE, META_OPS, META_SETTINGS
+    def _manifest(self, ctx: BuildContext, onnx_sha256: str) -> dict[str, Any]:
+        from dsa_export.onnx_files import META_MODE, META_OPS, META_SETTINGS
         from dsa_export.trt.profiles import input_profiles, profile_ranges
 
         state, graph, plan = ctx.state, ctx.graph, ctx.plan
@@ -281,7 +280,7 @@ class _Build:
             "model": {
                 "source": state.source,
                 "onnx": ONNX_NAME,
-                "sha256": sha256_file(self.work / ONNX_NAME),
+                "sha256": onnx_sha256,
                 "ops_mode": meta.get(META_MODE),
                 "op_versions": json.loads(meta.get(META_OPS, "{}")),
                 "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),

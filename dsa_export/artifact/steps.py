@@ -9,6 +9,7 @@ and its summary is what the export step copies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -23,6 +24,7 @@ from dsa_export.artifact.output_folder import link_external_data
 from dsa_export.artifact.settings import BuildSettings
 from dsa_export.errors import DSAUserError, trace_errors
 from dsa_export.fileio import atomic_output, sha256_file
+from dsa_export.integrity import remember_hashes
 from dsa_export.manifest import (
     CALIBRATION_CACHE_NAME,
     CALIBRATION_REPORT_NAME,
@@ -34,8 +36,8 @@ from dsa_export.manifest import (
     TensorSpec,
     io_specs,
 )
+from dsa_export.onnx_files import META_SETTINGS, META_SPEC
 
-STEPS = ("export", "validate", "calibrate", "check", "engine")
 #: What the export step's first progress line says for a built-in model (measured: docs/build.md).
 EXPORT_TIME_NOTE = "about 20-60 s for a built-in model on 2 CPU cores"
 EXPORT_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "fp32", "fp8": "fp32"}
@@ -95,8 +97,6 @@ class GraphSummary:
 
     @cached_property
     def export_dtype(self) -> str:
-        from dsa_export.export.exporter import META_SETTINGS
-
         return json.loads(self.meta.get(META_SETTINGS, "{}")).get("dtype", "fp32")
 
 
@@ -144,6 +144,16 @@ class BuildContext:
         return self.state.graph
 
 
+def _write_hashed(work: Path, name: str, data: bytes) -> str:
+    """Write ``data`` to ``work/name`` and return its sha256, hashed from memory and remembered in
+    the folder's cache: the manifest's file records do not read a multi-GB engine back to hash it."""
+    with atomic_output(work / name) as tmp:
+        tmp.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    remember_hashes(work, {name: sha})
+    return sha
+
+
 def plugin_library(settings: BuildSettings, kind: str) -> tuple[Path | None, str | None, str | None]:
     """(path, sha256, reason when absent) of our plugin library of ``kind``."""
     from dsa_export.plugins import LIBRARY_NAMES, find_library, library_info
@@ -179,17 +189,14 @@ class ExportStep:
     def _copy_supplied(self, ctx: BuildContext) -> StepResult:
         s, precision = ctx.settings, ctx.precision
         src = Path(str(s.model))
-        if not src.is_file():
-            raise DSAUserError(f"'{src}' does not exist; pass an exported .onnx file or a MODEL.")
-        from dsa_export.stages.record import verify_recorded_onnx
-
-        verify_recorded_onnx(src)
+        # preflight has read the file (ctx.supplied) and verified it against its record.
         # Calibration loads the weights with onnx.load, which refuses a data file with
         # several hard links: an int8/fp8 build copies them.
         linked = link_external_data(src, ctx.work, copy=precision in ("int8", "fp8"))
         from dsa_export.export.exporter import relocate_reference
 
-        copied = ctx.supplied.model if ctx.supplied is not None else GraphSummary.load(src).model
+        assert ctx.supplied is not None, "preflight reads a supplied file"
+        copied = ctx.supplied.model
         if relocate_reference(copied, src.resolve().parent, s.output.resolve()):
             # The recorded reference path is relative to the file's folder: re-base it on
             # the build folder, or validation would look for the checkpoint elsewhere.
@@ -230,8 +237,7 @@ class ExportStep:
         # The file as written (save_model may move weights to external data), read once for the build.
         ctx.state.graph = GraphSummary(onnx.load(str(ctx.onnx_path), load_external_data=False))
         ctx.state.source = source.spec
-        custom = sum(1 for n in model.graph.node if n.domain == "dsa")
-        return StepResult("done", f"{source.spec} -> {ONNX_NAME} (plugin ops, {custom} dsa nodes, "
+        return StepResult("done", f"{source.spec} -> {ONNX_NAME} (plugin ops, {ctx.graph.dsa_nodes} dsa nodes, "
                                   f"{export_settings.dtype})")
 
 
@@ -252,8 +258,6 @@ class ValidateStep:
 
     def _skip_reason(self, ctx: BuildContext) -> tuple[str, str] | None:
         """(reason recorded in the manifest, detail shown) when validation does not run."""
-        from dsa_export.export.exporter import META_SPEC
-
         s, meta = ctx.settings, ctx.graph.meta
         dtype = ctx.graph.export_dtype
         if not s.validate:
@@ -326,8 +330,10 @@ class CalibrateStep:
             cache=ctx.work / CALIBRATION_CACHE_NAME, report=ctx.work / CALIBRATION_REPORT_NAME,
         )
         ctx.state.engine_input = outcome.model
+        sha = sha256_file(outcome.model)
+        remember_hashes(ctx.work, {QDQ_NAME: sha})  # the manifest's file records reuse it
         ctx.state.calibration = {
-            **outcome.provenance, "model": QDQ_NAME, "model_sha256": sha256_file(outcome.model),
+            **outcome.provenance, "model": QDQ_NAME, "model_sha256": sha,
             "cache": outcome.cache.name if outcome.cache else None,
             "report": outcome.report.name if outcome.report else None,
         }
@@ -415,8 +421,7 @@ class EngineStep:
         for warning in result.warnings:
             if "timing cache" in warning:
                 ctx.log(f"Warning: {warning.removeprefix('WARNING: ')}")
-        with atomic_output(work / ENGINE_NAME) as tmp:
-            tmp.write_bytes(result.engine)
+        engine_sha = _write_hashed(work, ENGINE_NAME, result.engine)
         if result.timing_cache:
             with atomic_output(work / TIMING_CACHE_NAME) as tmp:
                 tmp.write_bytes(result.timing_cache)
@@ -435,7 +440,7 @@ class EngineStep:
             notes.append(f"the timing cache {cache_in} was not reused (TensorRT rejected it); a fresh one was written")
         return {
             "file": ENGINE_NAME,
-            "sha256": sha256_file(work / ENGINE_NAME),
+            "sha256": engine_sha,
             "backend": "tensorrt",
             "trt_version": result.version,
             "compute_capability": [gpu.compute_capability] if gpu and gpu.compute_capability else [],
@@ -461,12 +466,11 @@ class EngineStep:
         from dsa_export.trt.rtx import build_engine
 
         result = build_engine(onnx_path, ctx.settings.ranges, ctx.plan.rtx_targets, ctx.settings.profiles)
-        with atomic_output(ctx.work / ENGINE_NAME) as tmp:
-            tmp.write_bytes(result.engine)
+        engine_sha = _write_hashed(ctx.work, ENGINE_NAME, result.engine)
         capabilities = [f"{t[2:-1]}.{t[-1]}" for t in result.targets]
         return {
             "file": ENGINE_NAME,
-            "sha256": sha256_file(ctx.work / ENGINE_NAME),
+            "sha256": engine_sha,
             "backend": "tensorrt-rtx",
             "trt_version": result.version,
             "compute_capability": capabilities,
@@ -487,6 +491,6 @@ class EngineStep:
         }
 
 
-#: The steps in build order; their names are :data:`STEPS`.
+#: The steps in build order, and their names.
 BUILD_STEPS = (ExportStep(), ValidateStep(), CalibrateStep(), CheckStep(), EngineStep())
-assert tuple(step.name for step in BUILD_STEPS) == STEPS
+STEPS = tuple(step.name for step in BUILD_STEPS)

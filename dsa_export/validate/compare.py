@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from dsa_export.errors import DSAUserError
-from dsa_export.export.exporter import META_CONFIG, META_SETTINGS, META_SPEC
+from dsa_export.onnx_files import META_CONFIG, META_SETTINGS, META_SPEC
 from dsa_export.ops.contract import SELECTING_OPS
 from dsa_export.quiet import polygraphy_to_stderr
 from dsa_export.runtime.onnxrt import polygraphy_runner
