@@ -103,15 +103,15 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     check_outputs((output, "-o"), (Path(str(output) + ".data"), "-o (its external data)"))
     if is_hf:
         from dsa_export.hf.loader import inspect_checkpoint
-        from dsa_export.hf.source import hf_reference, parse_layers
+        from dsa_export.hf.source import hf_reference, hf_source, parse_layers
 
-        ckpt = inspect_checkpoint(model)
+        ckpt = inspect_checkpoint(model)  # the one read of config.json and the shard headers
         try:
             span = parse_layers(layers, ckpt.num_layers) if layers else None
         except DSAUserError as exc:
             raise DSAUsageError(str(exc)) from exc
-        source = resolve(hf_reference(model, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8),
-                         batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype)
+        reference = hf_reference(ckpt, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8)
+        source = hf_source(reference, batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype, checkpoint=ckpt)
     else:
         source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
     from dsa_export import interrupts

@@ -80,21 +80,21 @@ def check_reference(reference: ModelReference, checkpoint=None) -> None:
     """Refuse a checkpoint whose config or weights differ from the ones a file was exported from.
 
     ``checkpoint``: the reference's directory opened already (an
-    :class:`~dsa_export.hf.loader.HFCheckpoint`): its config digest and headers are compared, no
-    file is read again."""
+    :class:`~dsa_export.hf.loader.HFCheckpoint`): its config digest and shard headers are compared,
+    no file is read again; None: the directory's files are read here."""
     from dsa_export.fileio import sha256_file
+    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
 
     path = Path(reference.path)
-    if checkpoint is not None and checkpoint.path.resolve() != path.resolve():
-        checkpoint = None
     if checkpoint is None and not (path / "config.json").is_file():
         raise DSAUserError(f"the checkpoint '{path}' recorded in the file is not there; pass its directory with "
                            "--reference DIR.")
-    config_sha = checkpoint.config_sha256 if checkpoint is not None else None
-    if reference.sha256 and (config_sha or sha256_file(path / "config.json")) != reference.sha256:
+    config_sha = checkpoint.config_sha256 if checkpoint is not None else sha256_file(path / "config.json")
+    if reference.sha256 and config_sha != reference.sha256:
         raise DSAUserError(f"'{path / 'config.json'}' changed since the export; re-export, or pass the original "
                            "checkpoint with --reference DIR.")
-    if reference.weights_sha256 and _weights(path, checkpoint).fingerprint() != reference.weights_sha256:
+    weights = checkpoint.weights if checkpoint is not None else SafetensorsCheckpoint(path)
+    if reference.weights_sha256 and weights.fingerprint() != reference.weights_sha256:
         raise DSAUserError(f"the safetensors in '{path}' changed since the export; re-export, or pass the original "
                            "checkpoint with --reference DIR.")
 
@@ -139,12 +139,6 @@ class CheckpointWeights:
         return self._cache[key]
 
 
-def _weights(path: Path, checkpoint):
-    from dsa_export.hf.checkpoint import SafetensorsCheckpoint
-
-    return checkpoint.weights if checkpoint is not None else SafetensorsCheckpoint(path)
-
-
 def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, seed: int = 0,
               dtype: str | None = None, checkpoint=None) -> ModelSource:
     """The export module of ``reference`` on the meta device, with streaming weight sources.
@@ -155,17 +149,18 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
     from dsa_export.hf.model import DSAExportModel
     from dsa_export.hf.weights import build_meta_model, checkpoint_block_size
 
-    check_reference(reference, checkpoint)
     path = Path(reference.path)
     if checkpoint is None or checkpoint.path.resolve() != path.resolve():
-        checkpoint = open_checkpoint(path)
-    ckpt = checkpoint
-    checkpoint = ckpt.weights
+        # Opened once here: the reference check and the export read this one handle (a missing
+        # config.json is check_reference's to report).
+        checkpoint = open_checkpoint(path) if (path / "config.json").is_file() else None
+    check_reference(reference, checkpoint)
+    ckpt, weights = checkpoint, checkpoint.weights
     dtype = dtype or checkpoint_dtype(ckpt.config)
     if dtype not in _TORCH_DTYPES:
         raise DSAUserError(f"dtype '{dtype}' is unknown; use one of {', '.join(_TORCH_DTYPES)}.")
     fp8_mode = reference.fp8 or "dequantize"
-    model = build_meta_model(ckpt.config, checkpoint, dtype=_TORCH_DTYPES[dtype], fp8=fp8_mode)
+    model = build_meta_model(ckpt.config, weights, dtype=_TORCH_DTYPES[dtype], fp8=fp8_mode)
     wrapper = DSAExportModel(model, graph=reference.graph, layers=reference.layers, embed=reference.embed,
                              head=reference.head)
     cfg = model.config
@@ -228,9 +223,9 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         from dsa_export.hf.reference import module_names
         from dsa_export.hf.weights import materialize
 
-        real = build_meta_model(ckpt.config, checkpoint, dtype=torch.float32, fp8="dequantize")
+        real = build_meta_model(ckpt.config, weights, dtype=torch.float32, fp8="dequantize")
         materialize(real, module_names(wrapper.start, wrapper.stop, embed=wrapper.embed, head=wrapper.head),
-                    checkpoint, block)
+                    weights, block)
         return DSAExportModel(real, graph=graph, layers=reference.layers, embed=reference.embed,
                               head=reference.head).eval()
 
@@ -247,7 +242,7 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         # tested against transformers' generate).
         reference_loader=load_transformers if graph == "prefill" else None,
         make_inputs=make_inputs,
-        weights=CheckpointWeights(wrapper.hf, checkpoint, block),
+        weights=CheckpointWeights(wrapper.hf, weights, block),
         cast=False,
         keep_weight_layout=True,
         dtype=dtype,

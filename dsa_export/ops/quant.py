@@ -31,8 +31,9 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale: torch.Tensor, block_size:
     """
     *lead, rows, cols = weight.shape
     if rows % block_size == 0 and cols % block_size == 0:
-        # Whole blocks (every DeepSeek/GLM shape): one broadcast multiply, no expanded scale.
-        blocks = weight.float().view(*lead, rows // block_size, block_size, cols // block_size, block_size)
+        # Whole blocks (every DeepSeek/GLM shape): one broadcast multiply, no expanded scale, in
+        # place on a float32 copy (never on the caller's tensor, whatever its dtype).
+        blocks = weight.to(torch.float32, copy=True).view(*lead, rows // block_size, block_size, cols // block_size, block_size)
         return blocks.mul_(scale.float()[..., :, None, :, None]).view(*lead, rows, cols).to(dtype)
     full = scale.float().repeat_interleave(block_size, dim=-2)[..., :rows, :]
     full = full.repeat_interleave(block_size, dim=-1)[..., :cols]

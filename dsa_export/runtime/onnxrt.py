@@ -14,7 +14,6 @@ loaded only when its sha256 is the one the manifest records.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -195,10 +194,10 @@ class OrtSession(Session):
     """A Session over an ``onnxruntime.InferenceSession``."""
 
     def __init__(self, ort_session, kind: str, manifest: Manifest | None = None, notes: list[str] | None = None,
-                 enforce_profile: bool = True, graph_path: Path | None = None, graph=None):
+                 enforce_profile: bool = True, graph_path: Path | None = None, memory=None):
         """``graph_path``: the plugin-mode .onnx whose dsa nodes the memory estimate reads (the
-        optimized model has them inlined); None skips the estimate. ``graph``: that file's
-        ``onnx.ModelProto`` (external data not loaded) when the caller has read it already.
+        optimized model has them inlined); None skips the estimate. ``memory``: that file's
+        :class:`~dsa_export.runtime.memory.GraphMemory` when the caller has read the file already.
 
         The graph's memory facts are read here, once: running reads no file."""
         inputs = manifest.inputs if manifest is not None and manifest.inputs else _specs(ort_session.get_inputs())
@@ -207,18 +206,18 @@ class OrtSession(Session):
         self.ort_session = ort_session
         self.enforce_profile = enforce_profile
         self.graph_path = graph_path
-        self._graph_memory = None
         #: the largest estimate (bytes) found to fit: a smaller run (a decode step after its
         #: prefill) is not checked against the machine's free memory again.
         self._fits_bytes = -1
+        self._graph_memory = None
         if graph_path is not None and "CPUExecutionProvider" == ort_session.get_providers()[0]:
-            from dsa_export.runtime.memory import GraphMemory
-
-            if graph is None:
+            if memory is None:
                 import onnx
 
-                graph = onnx.load(str(graph_path), load_external_data=False)
-            self._graph_memory = GraphMemory.of(graph)
+                from dsa_export.runtime.memory import GraphMemory
+
+                memory = GraphMemory.of(onnx.load(str(graph_path), load_external_data=False))
+            self._graph_memory = memory
 
     def check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         if self.enforce_profile and self.manifest is not None:  # what the build declared and validated
@@ -324,13 +323,16 @@ class OnnxFileSession:
         from dsa_export.manifest import io_specs
 
         path = Path(path)
+        from dsa_export.runtime.memory import GraphMemory
+
         graph = onnx.load(str(path), load_external_data=False)  # read once for everything below
-        # The graph's own record of token-id ranges (the vocabulary) checks inputs before they run.
+        # The graph's own record of token-id ranges (the vocabulary) checks inputs before they run;
+        # both read the graph's nodes and values, before session() swaps its function bodies.
         inputs, _ = io_specs(graph)
-        memory_facts = copy.deepcopy(graph)  # session() swaps the bodies of the graph it is given
+        memory = GraphMemory.of(graph)
         session_ = OrtSession(session(path, threads=threads, graph=graph),
                               kind=f"onnxruntime (CPUExecutionProvider, {path.name})", graph_path=path,
-                              graph=memory_facts)
+                              memory=memory)
         ranges = {spec.name: spec.value_range for spec in inputs}
         session_.inputs = [TensorSpec(s.name, s.dtype, s.shape, ranges.get(s.name)) for s in session_.inputs]
         return session_

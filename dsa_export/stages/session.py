@@ -277,12 +277,12 @@ class PipelineSession(Session):
         threads per stage (default: its own choice). ``pipeline``: the folder's ``pipeline.json``
         when the caller has read it already (it is not read again).
         """
+        from dsa_export.compat.engine_gate import GateProbe
+
         folder = Path(folder)
         pipeline = pipeline if pipeline is not None else read_pipeline(folder)
         wiring = stage_inputs(pipeline)
         handles: list[StageHandle] = []
-        from dsa_export.compat.engine_gate import GateProbe
-
         probe = GateProbe()  # the environment probed once for every stage's engine, when one is opened
         try:
             for stage, (_sources, links) in zip(pipeline.stages, wiring):

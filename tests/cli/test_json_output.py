@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.stages.test_plan import V32
+
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "compat" / "fixtures" / "cpu_only.json"
 
@@ -47,17 +49,8 @@ def shifted(batch=2, seq_len=8):
     return Linear(1.0).eval(), (torch.randn(batch, seq_len, 16),), ["y"]
 '''
 
-# The geometry of DeepSeek-V3.2's config.json: `plan` needs no weights.
-V32_CONFIG = {
-    "model_type": "deepseek_v32", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
-    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1,
-    "n_routed_experts": 256, "num_experts_per_tok": 8, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "first_k_dense_replace": 3,
-    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048, "num_nextn_predict_layers": 1,
-    "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "bfloat16",
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
-}
+# The geometry of DeepSeek-V3.2's config.json (`plan` needs no weights): the planner tests' copy.
+V32_CONFIG = V32
 
 
 def run(*args, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
