@@ -10,7 +10,7 @@ in place. ``--baseline`` runs the same steps on a decode graph (``--graph decode
 in and ``Concat(past, new)`` returned), the form the paged graph replaces.
 
 For each graph, per op type over the profiled steps (median step): share of node time and bytes
-written per step. Written bytes are the nodes' output sizes as the profiler reports them, except
+written per step; and the largest single tensor a node wrote (to hold against the cache sizes). Written bytes are the nodes' output sizes as the profiler reports them, except
 for a ScatterND whose output is bound to its input's buffer: it writes only its updates (the
 step checks that the pool kept its address and that only the new tokens' rows changed) and the
 view ops (Reshape, Unsqueeze, Squeeze, Flatten, Identity), which alias their input. Control flow
@@ -60,7 +60,7 @@ def _node_events(profile: Path, runs: int) -> list[list[dict]]:
 
 def _summary(per_run: list[list[dict]], in_place_bytes: dict[str, int]) -> dict:
     """Per op type: median share of node time and bytes written per step."""
-    shares, written, times = defaultdict(list), defaultdict(list), []
+    shares, written, times, largest = defaultdict(list), defaultdict(list), [], (0, "")
     for run in per_run:
         run = [e for e in run if e["args"].get("op_name") not in CONTROL_FLOW]
         total = sum(e["dur"] for e in run) or 1
@@ -70,8 +70,9 @@ def _summary(per_run: list[list[dict]], in_place_bytes: dict[str, int]) -> dict:
             op = e["args"].get("op_name", "?")
             node = e["name"][: -len("_kernel_time")]
             by_type_time[op] += e["dur"]
-            out_bytes = 0 if op in VIEWS else int(e["args"].get("output_size", 0) or 0)
-            by_type_bytes[op] += in_place_bytes.get(node, out_bytes)
+            out_bytes = in_place_bytes.get(node, 0 if op in VIEWS else int(e["args"].get("output_size", 0) or 0))
+            by_type_bytes[op] += out_bytes
+            largest = max(largest, (out_bytes, node))
         for op in set(by_type_time) | set(shares):
             shares[op].append(by_type_time.get(op, 0) / total)
             written[op].append(by_type_bytes.get(op, 0))
@@ -79,6 +80,7 @@ def _summary(per_run: list[list[dict]], in_place_bytes: dict[str, int]) -> dict:
            for op in shares}
     return {"node_ms_per_step": statistics.median(times) / 1e3,
             "bytes_written_per_step": int(sum(o["bytes_written"] for o in ops.values())),
+            "largest_tensor_written": {"bytes": largest[0], "node": largest[1]},
             "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]["time_share"]))}
 
 
@@ -157,7 +159,8 @@ def profile_decode(path: Path, batch: int, past: int, steps: int, threads: int |
 def _print(result: dict) -> None:
     print(f"{result['graph']}: batch {result['batch']}, past {result['past']}, caches "
           f"{result['cache_bytes'] / 2**20:.1f} MiB; node time {result['node_ms_per_step']:.2f} ms/step, written "
-          f"{result['bytes_written_per_step'] / 2**20:.3f} MiB/step")
+          f"{result['bytes_written_per_step'] / 2**20:.3f} MiB/step; largest tensor written "
+          f"{result['largest_tensor_written']['bytes'] / 2**20:.3f} MiB ({result['largest_tensor_written']['node']})")
     for op, row in list(result["ops"].items())[:8]:
         print(f"  {op:22s} {100 * row['time_share']:5.1f}% of node time  {row['bytes_written'] / 2**10:12.1f} KiB "
               "written")

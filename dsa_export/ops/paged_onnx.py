@@ -5,11 +5,13 @@ logical key ``t`` of row ``b`` is ``pool[block_table[b, t // page], t % page]``.
 the contiguous ones of :mod:`dsa_export.ops.attention_onnx` (same chunking over queries in a
 ``Loop``, same numerics, every shape a function of the input shapes, no termination condition):
 
-* indexer: the keys of every row are gathered once, page by page (``Gather`` of the block table's
-  pages: ``[B, M, page, D]``, the size of the contiguous op's ``k``), then each chunk of queries
-  scores ``[B, rows, H_I, M*page]`` and takes its ``TopK`` as the contiguous body does. Keys of
-  pages whose table entry lies outside ``[0, P)``, past ``lengths[b]`` or (causal) after the
-  query's position ``query_start[b] + s`` score ``-inf``;
+* indexer: each chunk of queries reads the rows' keys a span of pages at a time in a nested
+  ``Loop`` (``Gather`` of the block table's pages: ``[B, span, page, D]``, at most
+  :data:`~dsa_export.ops.sizes.KEY_CHUNK_ELEMENTS` values), so no step copies a row's whole key
+  cache; each span's ``[B, rows, span*page]`` scores are stacked into the chunk's ``[B, rows,
+  M*page]`` and its ``TopK`` taken as the contiguous body does. Keys of pages whose table entry
+  lies outside ``[0, P)``, past ``lengths[b]`` or (causal) after the query's position
+  ``query_start[b] + s`` score ``-inf``;
 * attention: each chunk turns its ``[B, rows, K]`` logical indices into pool rows
   (``page_id * page + t % page``) and gathers only those rows, per kv head, from the pools viewed
   as ``[P*page*Hkv, D]`` tables, straight into the ``[B, rows, Hkv, K, Dk]`` order the products
@@ -29,7 +31,6 @@ from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 from dsa_export.ops.attention_onnx import (
     _chunk_rows,
-    _chunk_scores,
     _chunk_topk,
     _chunking,
     _function,
@@ -40,6 +41,7 @@ from dsa_export.ops.attention_onnx import (
 )
 from dsa_export.ops.contract import INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED
 from dsa_export.ops.onnx_graph import Body
+from dsa_export.ops.sizes import KEY_CHUNK_ELEMENTS
 
 F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 
@@ -60,14 +62,19 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     topk = b.ref("topk", AttributeProto.INT)
     q_scaled = b("Mul", qf, b.ref("scale", AttributeProto.FLOAT))
 
-    # The row's keys through its block table, page by page; cast after the gather, so only the
-    # rows' pages are ever converted, never the pool.
+    # Which pages a row reads: its table entries, invalid ones read page 0 (masked below).
     table = b("Cast", "block_table", to=I64)  # [B,M]
     page_ok = b("And", b("GreaterOrEqual", table, b.const(0)), b("Less", table, n_pages))
     pages = b("Where", page_ok, table, b.const(0))
-    keys = b("Cast", b("Gather", "k_pool", pages, axis=0), to=F32)  # [B,M,page,D]
-    keys = b("Reshape", keys, _dims(b, batch, t_len, dim), allowzero=1)  # [B,T,D]
-    k_t = b("Unsqueeze", keys, b.const([1]))  # [B,1,T,D]
+    # Keys are read in chunks of ``span`` pages (at most KEY_CHUNK_ELEMENTS float32 values for
+    # all rows), so no copy of a row's whole key cache is made; the last chunk re-reads the last
+    # page for its padding pages, whose scores are cut off.
+    span = b("Max", b("Min", blocks, b("Div", b.const(KEY_CHUNK_ELEMENTS), b("Max", b("Mul", b("Mul", batch, page), dim),
+                                                                             b.const(1)))), b.const(1))
+    key_trips = b("Div", b("Sub", b("Add", blocks, span), b.const(1)), span)
+    span_pages = b("Range", b.const(0), span, b.const(1))
+    last_block = b("Sub", blocks, b.const(1))
+    span_keys = _dims(b, batch, b.const(1), b("Mul", span, page), dim)  # [B,1,span*page,D]
     per_row = b("Mul", b("Mul", batch, heads), b("Add", t_len, topk))
     rows, trips, offsets = _chunking(b, s_len, per_row)
     last_row = b("Sub", s_len, b.const(1))
@@ -88,7 +95,20 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)  # [rows]
-    scores = _chunk_scores(t, q_scaled, wf, k_t, row)  # [B,rows,T]
+    q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
+    w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([3]))  # [B,rows,H,1]
+    u = t.child("keys")
+    j, key_cond = f"{u.prefix}_j", f"{u.prefix}_cond"
+    # Transposed in the span's own graph, where ONNX Runtime fuses it into the product.
+    q_t = u("Transpose", q_c, perm=[0, 1, 3, 2])  # [B,rows,D,H]
+    blocks_j = u("Min", u("Add", u("Mul", j, span), span_pages), last_block)  # [span] block-table columns
+    keys = u("Reshape", u("Cast", u("Gather", "k_pool", u("Gather", pages, blocks_j, axis=1), axis=0), to=F32),
+             span_keys, allowzero=1)  # [B,1,span*page,D]: this chunk's keys only
+    part = u("Squeeze", u("MatMul", u("Relu", u("MatMul", keys, q_t)), w_c), u.const([3]))  # [B,rows,span*page]
+    per_span = _loop(t, u, j, key_cond, part, F32, 3, key_trips)  # [trips',B,rows,span*page]
+    moved = t("Transpose", per_span, perm=[1, 2, 0, 3])
+    scores = t("Slice", t("Reshape", moved, _dims(t, batch, rows, t.const(-1)), allowzero=0), t.const([0]),
+               _one_d(t, t_len), t.const([2]))  # [B,rows,T]
     position = t("Unsqueeze", t("Add", first, t("Unsqueeze", row, t.const([0]))), t.const([2]))  # [B,rows,1]
     causal_ok = t("LessOrEqual", key_pos3, position)  # [B,rows,T]
     allowed = t("And", t("Or", causal_ok, not_causal), selectable)

@@ -31,8 +31,9 @@ measures the formulas against ONNX Runtime's peak resident set). The formulas fo
   ``B*rows*K*Hkv*(Dk+Dv)``) and the logits/probabilities (three of ``B*rows*H*K``); the output
   three times (``B*S*H*Dv``). No term grows with S x T.
 - ``DSAIndexerTopKPaged`` / ``DSASparseAttentionPaged``: the same with T = M*page keys read
-  through the block table; the indexer gathers each row's pages once (``B*T*D``, three
-  times), the attention only the pool rows a chunk selected. No term grows with the pool.
+  through the block table; the indexer gathers the rows' keys a span of pages at a time (at
+  most :data:`KEY_CHUNK_ELEMENTS` values: no copy of a row's key cache), the attention only the
+  pool rows a chunk selected. No term grows with the pool.
 - ``DSABlockSparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], block_index
   [B,H,nqb,Kb])`` (attribute ``block_size`` bs): the body holds the scaled queries padded to
   ``nqb*bs`` rows and laid out in blocks (two copies), the keys and values as rows of one block
@@ -57,6 +58,8 @@ from typing import Any
 F32 = 4
 #: Score elements one chunk of query rows may hold in the attention, indexer and block bodies.
 CHUNK_ELEMENTS = 1 << 23
+#: float32 key values (all rows together) one chunk of the paged indexer gathers from its pool (1 MiB).
+KEY_CHUNK_ELEMENTS = 1 << 18
 
 Dims = Sequence[Any]
 Shapes = Sequence[tuple[int, ...] | None]
@@ -107,16 +110,21 @@ def indexer_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:
 
 
 def indexer_paged_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:
-    """``DSAIndexerTopKPaged(q, k_pool [P,page,D], w, block_table [B,M])``: the body gathers each
-    row's pages once (``[B,M,page,D]``), then scores chunks as the contiguous indexer."""
+    """``DSAIndexerTopKPaged(q, k_pool [P,page,D], w, block_table [B,M])``: per chunk of queries, the
+    keys are read in spans of pages (at most :data:`KEY_CHUNK_ELEMENTS` values), each scored into
+    ``[B,rows,span*page]``; the chunk's ``[B,rows,T]`` scores are stacked, reordered and masked as
+    the contiguous indexer's."""
     q, pool, table = _dims(shapes, 0, 4), _dims(shapes, 1, 3), _dims(shapes, 3, 2)
     if q is None or pool is None or table is None:
         return 0
     b, s, h, d = q
-    t = table[1] * pool[1]
+    page, blocks = pool[1], table[1]
+    t = blocks * page
     topk = int(attrs.get("topk", 0))
     rows = _rows(s, b * h * (t + topk))
-    return F32 * (2 * b * s * h * d + 3 * b * t * d + 2 * rows * b * h * t + 6 * rows * b * (t + topk) + 4 * b * s * topk)
+    span = max(1, min(blocks, KEY_CHUNK_ELEMENTS // max(1, b * page * d))) * page
+    return F32 * (2 * b * s * h * d + 2 * b * span * d + 2 * rows * b * h * span + 9 * rows * b * (t + topk)
+                  + 4 * b * s * topk)
 
 
 def attention_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:

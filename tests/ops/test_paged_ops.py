@@ -3,6 +3,7 @@ against each other, against the contiguous ops, in bounded memory, and without a
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -249,11 +250,13 @@ def test_attention_skips_every_kind_of_invalid_index():
         assert not got[0, 1:].any()
 
 
-@pytest.mark.parametrize("chunk_elements", [1, 700])
-def test_bodies_in_several_chunks(monkeypatch, chunk_elements):
-    from dsa_export.ops import attention_onnx
+@pytest.mark.parametrize("chunk_elements, key_elements", [(1, 1), (700, 100), (1 << 23, 700)])
+def test_bodies_in_several_chunks(monkeypatch, chunk_elements, key_elements):
+    # Chunks of queries, and within each the keys in spans of pages (one page a span at 1).
+    from dsa_export.ops import attention_onnx, paged_onnx
 
     monkeypatch.setattr(attention_onnx, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(paged_onnx, "KEY_CHUNK_ELEMENTS", key_elements)
     rng = np.random.default_rng(chunk_elements)
     h, d, page, topk = 16, 8, 3, 5
     case = _indexer_case(rng, 2, 11, h, d, page, 5, 2, 0.2)
@@ -489,6 +492,30 @@ def test_decode_reads_its_pages_not_the_pool():
                                                                      scale=dk**-0.5, v_head_dim=dv))
     assert peak < pool_bytes // 8, peak / 2**20
     np.testing.assert_allclose(out, got.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_decode_step_copies_no_row_key_cache(tmp_path):
+    # One row decoding after 32K keys (16 MiB of float32 index keys): no node of the indexer's
+    # body writes a tensor a quarter that size (the keys are read a span of pages at a time).
+    rng = np.random.default_rng(5)
+    h, d, page, topk, past = 16, 128, 64, 64, 32768
+    m = past // page
+    table = (1 + rng.permutation(m)).reshape(1, m).astype(np.int32)
+    pool = rng.standard_normal((m + 1, page, d), dtype=np.float32)
+    q, w = rng.standard_normal((1, 1, h, d), dtype=np.float32), rng.standard_normal((1, 1, h), dtype=np.float32)
+    case = (q, pool, w, table, np.array([past - 1], np.int32), np.array([past], np.int32))
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "step")
+    sess = ort.InferenceSession(indexer_model(h, d, page, topk).SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+    (idx,) = sess.run(None, _indexer_feed(*case))
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    written = [int(e["args"].get("output_size", 0) or 0) for e in events
+               if e.get("cat") == "Node" and e["args"].get("op_name") not in ("Loop", "Reshape", "Unsqueeze")]
+    assert written and max(written) <= past * d * 4 // 4, max(written)
+    torch_idx = dsa_indexer_topk_paged(*_torch(*case), topk=topk, scale=d**-0.5).numpy()
+    assert _sets(idx) == _sets(torch_idx)
 
 
 def test_bodies_use_standard_ops_with_input_shaped_loops():
