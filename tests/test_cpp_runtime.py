@@ -23,7 +23,11 @@ import pytest
 
 SOURCES = Path(__file__).resolve().parents[1] / "tools" / "cpp_runtime"
 PLAN_SOURCES = ("pipeline.cpp", "json.cpp", "engine_gate.cpp")
-RUNNER_SOURCES = ("main.cpp", "runner.cpp", "engine_io.cpp", "generate.cpp")
+RUNNER_SOURCES = ("main.cpp", "runner.cpp", "engine_io.cpp", "generate.cpp", "dsa_runtime.cpp", "paged_engine.cpp",
+                  "host_math.cpp", "scheduler.cpp", "paged_plan.cpp")
+#: The runtime library (include/dsa_runtime.h): what an application links besides the plan's objects.
+LIBRARY_SOURCES = ("dsa_runtime.cpp", "paged_engine.cpp", "engine_io.cpp", "host_math.cpp", "scheduler.cpp",
+                   "paged_plan.cpp")
 FLAGS = ("-std=c++17", "-Wall", "-Wextra", "-Werror")
 HIDDEN = 64
 
@@ -440,8 +444,26 @@ def runner_objects(plan_objects) -> tuple[str, list[Path], Path, Path]:
         pytest.skip("needs the CUDA runtime headers (CUDA_HOME or /usr/local/cuda)")
     compiler, _objects, out = plan_objects
     objects = _compile(compiler, [SOURCES / s for s in RUNNER_SOURCES], out,
-                       ("-isystem", str(include), "-isystem", str(cuda / "include")))
+                       ("-I", str(SOURCES / "include"), "-isystem", str(include), "-isystem", str(cuda / "include")))
     return compiler, objects, out, cuda
+
+
+def _stub_nvinfer(compiler: str, cuda: Path, where: Path) -> Path:
+    """libnvinfer.so in ``where`` defining only the three symbols the runtime imports; returns
+    the CUDA toolkit's library folder (skips when it has no libcudart.so)."""
+    libdir = next((cuda / d for d in ("lib64", "lib", "targets/x86_64-linux/lib")
+                   if (cuda / d / "libcudart.so").exists()), None)
+    if libdir is None:
+        pytest.skip("libcudart.so not found under the CUDA toolkit")
+    stub_src = where / "nvinfer_stub.cpp"
+    stub_src.write_text('#include <cstdint>\n'
+                        'extern "C" void* createInferRuntime_INTERNAL(void*, int32_t) { return nullptr; }\n'
+                        'extern "C" int32_t getInferLibVersion() { return 110100; }\n'
+                        'extern "C" void* getPluginRegistry() { return nullptr; }\n')
+    result = subprocess.run([compiler, "-shared", "-fPIC", str(stub_src), "-o", str(where / "libnvinfer.so")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return libdir
 
 
 def test_runner_compiles_against_tensorrt_headers(runner_objects):
@@ -455,19 +477,7 @@ def test_runner_links_and_stops_cleanly_without_a_gpu(runner_objects, plan_objec
     (or driver) it stops at cudaGetDeviceCount with one error line."""
     compiler, objects, out, cuda = runner_objects
     _compiler, plan_objs, _out = plan_objects
-    libdir = next((cuda / d for d in ("lib64", "lib", "targets/x86_64-linux/lib")
-                   if (cuda / d / "libcudart.so").exists()), None)
-    if libdir is None:
-        pytest.skip("libcudart.so not found under the CUDA toolkit")
-    stub_src = tmp_path / "nvinfer_stub.cpp"
-    stub_src.write_text('#include <cstdint>\n'
-                        'extern "C" void* createInferRuntime_INTERNAL(void*, int32_t) { return nullptr; }\n'
-                        'extern "C" int32_t getInferLibVersion() { return 110100; }\n'
-                        'extern "C" void* getPluginRegistry() { return nullptr; }\n')
-    stub = tmp_path / "libnvinfer.so"
-    result = subprocess.run([compiler, "-shared", "-fPIC", str(stub_src), "-o", str(stub)],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    libdir = _stub_nvinfer(compiler, cuda, tmp_path)
     binary = tmp_path / "dsa_runtime"
     plan_only = [o for o in plan_objs if o.stem != "check_pipeline"]
     result = subprocess.run([compiler, *map(str, objects), *map(str, plan_only), "-o", str(binary), f"-L{tmp_path}",
@@ -488,3 +498,53 @@ def test_runner_links_and_stops_cleanly_without_a_gpu(runner_objects, plan_objec
             assert run.returncode == 1 and "not a paged graph" in run.stderr, run.stderr
         else:  # a machine with a GPU: the plan is read, then the stub's runtime is refused
             assert run.returncode == 1 and run.stderr.startswith("Error: "), run.stderr
+
+
+C_CLIENT = r"""
+#include "dsa_runtime.h"
+#include <stdio.h>
+#include <string.h>
+
+int main(int argc, char** argv)
+{
+    dsa_runtime* runtime = dsa_runtime_open(argc > 1 ? argv[1] : "", 0, NULL);
+    if (runtime != NULL)
+    {
+        dsa_runtime_close(runtime);
+        return 3;
+    }
+    printf("%s\n", dsa_runtime_error(NULL));
+    return strlen(dsa_runtime_error(NULL)) > 0 ? 1 : 2;
+}
+"""
+
+
+def test_library_links_into_a_c_program(runner_objects, plan_objects, tmp_path):
+    """The runtime library (LIBRARY_SOURCES, compiled with -Wall -Wextra -Werror against the TensorRT
+    headers) linked into a C program through its C interface: without a GPU, opening fails with one
+    sentence (no CUDA GPU); with one, the stub libnvinfer or the stand-in engine is refused."""
+    compiler, objects, out, cuda = runner_objects
+    _compiler, plan_objs, _out = plan_objects
+    libdir = _stub_nvinfer(compiler, cuda, tmp_path)
+    library = [o for o in objects if o.stem in {Path(s).stem for s in LIBRARY_SOURCES}]
+    assert len(library) == len(LIBRARY_SOURCES)
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    client = tmp_path / "client.c"
+    client.write_text(C_CLIENT)
+    client_obj = tmp_path / "client.o"
+    result = subprocess.run([cc, "-std=c99", "-Wall", "-Wextra", "-Werror", "-I", str(SOURCES / "include"), "-c",
+                             str(client), "-o", str(client_obj)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    binary = tmp_path / "client"
+    plan_only = [o for o in plan_objs if o.stem != "check_pipeline"]
+    result = subprocess.run([compiler, str(client_obj), *map(str, library), *map(str, plan_only), "-o", str(binary),
+                             f"-L{tmp_path}", "-lnvinfer", f"-L{libdir}", "-lcudart",
+                             f"-Wl,-rpath,{tmp_path}:{libdir}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"link failed:\n{result.stderr[-3000:]}"
+    good_pipeline(tmp_path / "pipe")
+    run = subprocess.run([str(binary), str(tmp_path / "pipe")], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1, (run.returncode, run.stdout, run.stderr)
+    line = run.stdout.strip()
+    assert "no CUDA GPU is usable here" in line or "not a paged graph" in line, line

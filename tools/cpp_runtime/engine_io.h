@@ -4,6 +4,7 @@
 // runtime (runner.cpp, generate.cpp).
 #pragma once
 
+#include "host_math.h"
 #include "pipeline.h"
 #include "runner.h"
 
@@ -52,13 +53,20 @@ struct DeviceBuffer
         checkCuda(cudaSetDevice(device), "cudaSetDevice");
         checkCuda(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)), "cudaMalloc");
     }
-    ~DeviceBuffer()
+    //! Free the buffer (allocate() may then give it another size).
+    void release()
     {
         if (ptr)
         {
             cudaSetDevice(device);
             cudaFree(ptr);
+            ptr = nullptr;
+            bytes = 0;
         }
+    }
+    ~DeviceBuffer()
+    {
+        release();
     }
 };
 
@@ -187,15 +195,6 @@ char const* typeName(nvinfer1::DataType type);
 Shape toShape(nvinfer1::Dims const& dims);
 
 int64_t volume(Shape const& shape);
-
-float halfToFloat(uint16_t h);
-
-//! Round to nearest even; the random inputs are normal samples, far from the subnormal range.
-uint16_t floatToHalf(float f);
-
-float bf16ToFloat(uint16_t b);
-
-uint16_t floatToBf16(float f);
 
 float elapsed(Event const& start, Event const& stop);
 

@@ -25,9 +25,10 @@
 // 5. prints the last stage's outputs (shape, statistics) and the time per stage, link and run.
 //
 // With --generate N over a paged build (`build --stages K --graph paged`), it generates N greedy
-// tokens per row instead: a prompt of --dim batch=B x --dim sequence=L ids (--input input_ids=FILE
-// or random), prefill on profile 0, decode steps on profile 1, the cache pools allocated once on
-// each stage's GPU and kept there (generate.cpp).
+// tokens per row instead, a demo of the runtime library (include/dsa_runtime.h, generate.cpp): a
+// prompt of --dim batch=B x --dim sequence=L ids (--input input_ids=FILE or random), one prefill,
+// decode steps on the decode profile replayed from CUDA graphs, the cache pools allocated once on
+// each stage's GPU and kept there.
 
 #include "runner.h"
 

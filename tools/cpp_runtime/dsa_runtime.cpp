@@ -1,0 +1,320 @@
+// The runtime library (include/dsa_runtime.h): the scheduler (slots, pages, the calls' inputs;
+// host only) over the paged engine (the stages on their GPUs), and the C interface.
+
+#include "dsa_runtime.h"
+
+#include "paged_engine.h"
+#include "runner.h"
+#include "scheduler.h"
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+namespace dsa
+{
+
+namespace
+{
+
+RunOptions runOptions(std::string const& path, RuntimeOptions const& options)
+{
+    RunOptions run;
+    run.path = path;
+    run.plugins = options.plugins;
+    run.device = options.device;
+    return run;
+}
+
+PagedRequest pagedRequest(RuntimeOptions const& options)
+{
+    PagedRequest request;
+    request.slots = options.slots;
+    request.maxTokens = options.maxTokens;
+    request.pages = options.pages;
+    return request;
+}
+
+} // namespace
+
+class Runtime::Impl
+{
+public:
+    Impl(std::string const& path, RuntimeOptions const& options)
+        : mOptions(runOptions(path, options))
+        , mEngine(mOptions, pagedRequest(options), options.cudaGraphs)
+        , mScheduler(mEngine.limits())
+        , mKeepLogits(options.keepLogits)
+    {
+        SchedulerLimits const& limits = mEngine.limits();
+        mInfo.stages = mEngine.stages();
+        mInfo.slots = limits.slots;
+        mInfo.prefillBatch = limits.prefillBatch;
+        mInfo.page = limits.page;
+        mInfo.pages = limits.pages;
+        mInfo.maxTokens = limits.maxTokens;
+        mInfo.maxPrompt = limits.maxPrompt;
+        mInfo.vocab = limits.vocab;
+        mInfo.notes = mEngine.notes();
+    }
+
+    std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+    {
+        CallInputs const call = mScheduler.admit(ids, lengths);
+        try
+        {
+            mEngine.run(call);
+        }
+        catch (...)
+        {
+            mScheduler.abandon(call);
+            throw;
+        }
+        finish(call);
+        return call.slots;
+    }
+
+    std::vector<int> decode()
+    {
+        CallInputs const call = mScheduler.decodeCall();
+        mEngine.run(call);
+        finish(call);
+        std::vector<int> slots;
+        for (size_t row = 0; row < call.slots.size(); ++row)
+        {
+            if (call.counts[row] > 0)
+            {
+                slots.push_back(call.slots[row]);
+            }
+        }
+        return slots;
+    }
+
+    void release(int slot)
+    {
+        mScheduler.release(slot);
+        mLogits.erase(slot);
+    }
+
+    std::vector<float> logits(int slot) const
+    {
+        if (!mKeepLogits)
+        {
+            throw std::invalid_argument("logits are kept only when the runtime is opened with keepLogits.");
+        }
+        auto const it = mLogits.find(slot);
+        if (it == mLogits.end())
+        {
+            throw std::invalid_argument("slot " + std::to_string(slot) + " has no logits; prefill a prompt into it first.");
+        }
+        return it->second;
+    }
+
+    Scheduler const& scheduler() const { return mScheduler; }
+    RuntimeInfo const& info() const { return mInfo; }
+    bool graphsActive() const { return mEngine.graphsActive(); }
+
+private:
+    //! The call ran: each row's greedy token (and logits, when kept) go to its slot.
+    void finish(CallInputs const& call)
+    {
+        int64_t const vocab = mEngine.vocab();
+        std::vector<int64_t> const chosen = argmaxRows(mEngine.logits(), mEngine.logitType(), call.batch, vocab);
+        for (size_t row = 0; mKeepLogits && row < call.slots.size(); ++row)
+        {
+            if (call.slots[row] >= 0 && call.counts[row] > 0)
+            {
+                mLogits[call.slots[row]] = logitRow(mEngine.logits(), mEngine.logitType(), int64_t(row), vocab);
+            }
+        }
+        mScheduler.commit(call, chosen);
+        mInfo.vocab = vocab;
+        mInfo.notes = mEngine.notes();
+    }
+
+    RunOptions mOptions;  //!< outlives the engine, which keeps a reference
+    PagedEngine mEngine;
+    Scheduler mScheduler;
+    bool mKeepLogits;
+    RuntimeInfo mInfo;
+    std::map<int, std::vector<float>> mLogits;
+};
+
+Runtime::Runtime(std::string const& path, RuntimeOptions const& options)
+    : mImpl(std::make_unique<Impl>(path, options))
+{
+}
+
+Runtime::~Runtime() = default;
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+
+std::vector<int> Runtime::prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+{
+    return mImpl->prefill(ids, lengths);
+}
+
+std::vector<int> Runtime::decode()
+{
+    return mImpl->decode();
+}
+
+void Runtime::release(int slot)
+{
+    mImpl->release(slot);
+}
+
+int64_t Runtime::token(int slot) const
+{
+    if (!mImpl->scheduler().live(slot))
+    {
+        throw std::invalid_argument("slot " + std::to_string(slot) + " holds no sequence.");
+    }
+    return mImpl->scheduler().next(slot);
+}
+
+std::vector<float> Runtime::logits(int slot) const
+{
+    return mImpl->logits(slot);
+}
+
+int64_t Runtime::length(int slot) const
+{
+    return mImpl->scheduler().cached(slot);
+}
+
+std::vector<int> Runtime::liveSlots() const
+{
+    return mImpl->scheduler().liveSlots();
+}
+
+RuntimeInfo const& Runtime::info() const
+{
+    return mImpl->info();
+}
+
+bool Runtime::graphsActive() const
+{
+    return mImpl->graphsActive();
+}
+
+} // namespace dsa
+
+// -- the C interface ------------------------------------------------------------------------------
+
+struct dsa_runtime
+{
+    std::unique_ptr<dsa::Runtime> runtime;
+    std::string error;
+};
+
+namespace
+{
+
+thread_local std::string gOpenError;
+
+//! Run ``body``; -1 with the exception's sentence kept in ``handle`` when it throws.
+template <typename Body>
+int guarded(dsa_runtime* handle, Body&& body)
+{
+    if (handle == nullptr)
+    {
+        gOpenError = "the runtime handle is null.";
+        return -1;
+    }
+    try
+    {
+        body(*handle->runtime);
+        handle->error.clear();
+        return 0;
+    }
+    catch (std::exception const& e)
+    {
+        handle->error = e.what();
+        return -1;
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+dsa_runtime* dsa_runtime_open(char const* path, int slots, char const* plugins)
+{
+    try
+    {
+        dsa::RuntimeOptions options;
+        options.slots = slots;
+        options.plugins = plugins != nullptr ? plugins : "";
+        auto handle = std::make_unique<dsa_runtime>();
+        handle->runtime = std::make_unique<dsa::Runtime>(path != nullptr ? path : "", options);
+        gOpenError.clear();
+        return handle.release();
+    }
+    catch (std::exception const& e)
+    {
+        gOpenError = e.what();
+        return nullptr;
+    }
+}
+
+void dsa_runtime_close(dsa_runtime* runtime)
+{
+    delete runtime;
+}
+
+int dsa_runtime_prefill(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        if (count < 0 || ids == nullptr || lengths == nullptr || slots == nullptr)
+        {
+            throw std::invalid_argument("dsa_runtime_prefill needs ids, lengths, slots and a count of at least 0.");
+        }
+        std::vector<int64_t> const sizes(lengths, lengths + count);
+        int64_t total = 0;
+        for (int64_t size : sizes)
+        {
+            total += size > 0 ? size : 0;
+        }
+        std::vector<int> const got = r.prefill(std::vector<int64_t>(ids, ids + total), sizes);
+        std::copy(got.begin(), got.end(), slots);
+    });
+}
+
+int dsa_runtime_decode(dsa_runtime* runtime, int* slots, int capacity, int* count)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        if (slots == nullptr || count == nullptr || capacity < r.info().slots)
+        {
+            throw std::invalid_argument("dsa_runtime_decode needs room for every slot and a count.");
+        }
+        std::vector<int> const got = r.decode();
+        std::copy(got.begin(), got.end(), slots);
+        *count = static_cast<int>(got.size());
+    });
+}
+
+int dsa_runtime_release(dsa_runtime* runtime, int slot)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) { r.release(slot); });
+}
+
+int dsa_runtime_token(dsa_runtime const* runtime, int slot, int64_t* token)
+{
+    return guarded(const_cast<dsa_runtime*>(runtime), [&](dsa::Runtime& r) {
+        if (token == nullptr)
+        {
+            throw std::invalid_argument("dsa_runtime_token needs somewhere to write the token.");
+        }
+        *token = r.token(slot);
+    });
+}
+
+char const* dsa_runtime_error(dsa_runtime const* runtime)
+{
+    return runtime != nullptr ? runtime->error.c_str() : gOpenError.c_str();
+}
+
+} // extern "C"

@@ -1,0 +1,147 @@
+// The host side of serving a paged build: which sequence owns which slot (row of the decode call)
+// and which cache pages, and the control inputs of each call (input_ids, query_start,
+// query_lengths, block_table; docs/hf.md, "The paged graph"). Plain C++17, no TensorRT or CUDA:
+// tests/test_cpp_runtime_host.py builds and runs its tests (host_test.cpp) with g++.
+//
+// The page rules are dsa_export/runtime/paged.py's PageAllocator: page j of a sequence holds its
+// positions j*page .. j*page+page-1; page 0 is the graph's scratch page (padding tokens are written
+// there) and is never handed out; pages handed back are reused lowest first; one allocator serves
+// every stage, so one block table serves the whole pipeline.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace dsa
+{
+
+//! Cache pages for sequences (one per pipeline), keyed by slot.
+class PageAllocator
+{
+public:
+    //! ``page`` tokens per page; ``limit`` pages per pool, the scratch page included (0: no limit).
+    PageAllocator(int64_t page, int64_t limit);
+
+    int64_t page() const { return mPage; }
+
+    //! Pages ``owner`` lacks for its first ``tokens`` positions.
+    int64_t missing(int owner, int64_t tokens) const;
+
+    //! Pages that may still be handed out: the free ones and those never touched.
+    int64_t available() const;
+
+    //! UserError unless ``pages`` more pages may be handed out.
+    void checkAvailable(int64_t pages) const;
+
+    //! Give ``owner`` the pages for its first ``tokens`` positions; UserError, and no change, when
+    //! the pools have too few pages left.
+    void ensure(int owner, int64_t tokens);
+
+    //! Hand the pages of ``owner`` back.
+    void release(int owner);
+
+    //! The pages of ``owner`` in logical order (empty when it has none).
+    std::vector<int32_t> const& pages(int owner) const;
+
+    int64_t pagesInUse() const;
+
+    //! Pages ever handed out, the scratch page included.
+    int64_t pagesTouched() const { return mNext; }
+
+private:
+    int32_t take();
+
+    int64_t mPage;
+    int64_t mLimit;
+    std::map<int, std::vector<int32_t>> mTables;
+    std::set<int32_t> mFree;  //!< handed back, reused lowest first
+    int32_t mNext{1};         //!< page 0 is scratch
+};
+
+//! What the build (and the caller's options) allow; see pagedLimits (paged_plan.h).
+struct SchedulerLimits
+{
+    int slots{1};          //!< sequences at once: the rows of a decode call
+    int64_t page{64};      //!< tokens per cache page
+    int64_t pages{0};      //!< pages per pool, the scratch page included (0: no limit)
+    int64_t maxTokens{64}; //!< tokens per sequence, prompt and generated ones
+    int64_t maxPrompt{64}; //!< tokens of one prompt (the prefill profile's sequence max)
+    int prefillBatch{1};   //!< prompts of one prefill call
+    int64_t vocab{-1};     //!< token ids lie in [0, vocab) (-1: not checked)
+
+    //! Block table width of a decode call: pages of a full sequence.
+    int64_t width() const { return (maxTokens + page - 1) / page; }
+};
+
+//! The control inputs of one call of every stage.
+struct CallInputs
+{
+    bool prefill{false};
+    int64_t batch{0};             //!< rows
+    int64_t length{0};            //!< tokens per row (right-padded)
+    int64_t width{0};             //!< block table columns
+    std::vector<int64_t> ids;     //!< input_ids [batch, length], 0 after a row's tokens
+    std::vector<int32_t> starts;  //!< query_start [batch]: tokens the row has in the caches
+    std::vector<int32_t> counts;  //!< query_lengths [batch]: 0 for an idle row
+    std::vector<int32_t> table;   //!< block_table [batch, width], -1 after a row's pages
+    std::vector<int> slots;       //!< each row's slot, -1 for an idle row
+};
+
+//! Slots, pages and the calls of a paged build. Argument errors are std::invalid_argument, a full
+//! cache or sequence UserError; a refused call changes nothing.
+class Scheduler
+{
+public:
+    explicit Scheduler(SchedulerLimits const& limits);
+
+    SchedulerLimits const& limits() const { return mLimits; }
+
+    //! Admit prompt i (``lengths[i]`` ids of ``ids``, in order) into the lowest free slots with the
+    //! pages they need; returns the prefill call (row i: prompt i, ``slots[i]`` its slot).
+    CallInputs admit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
+
+    //! One token per sequence with a next token; the rows are slots 0 .. batch-1, batch the
+    //! smallest of decodeBatches() holding the highest such slot (other rows idle). Takes the pages
+    //! the new tokens need.
+    CallInputs decodeCall();
+
+    //! ``call`` ran: its rows' tokens are in the caches and ``chosen[row]`` is the row's next token.
+    void commit(CallInputs const& call, std::vector<int64_t> const& chosen);
+
+    //! ``call`` (an admit) failed: its slots and pages are handed back.
+    void abandon(CallInputs const& call);
+
+    //! End the sequence in ``slot`` and hand its pages back.
+    void release(int slot);
+
+    bool live(int slot) const;
+    std::vector<int> liveSlots() const;
+    int freeSlots() const;
+    int64_t cached(int slot) const;  //!< tokens of ``slot`` in the caches
+    int64_t next(int slot) const;    //!< the next input token of ``slot`` (-1 before its prefill ran)
+    PageAllocator const& pages() const { return mPages; }
+
+    //! The decode batch sizes: 1, 2, 4, ... and the slot count (one CUDA graph each).
+    std::vector<int64_t> decodeBatches() const;
+
+private:
+    struct Slot
+    {
+        bool live{false};
+        int64_t cached{0};
+        int64_t next{-1};
+    };
+
+    void checkPrompts(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths) const;
+    void checkSlot(int slot) const;
+    void fillRow(CallInputs& call, int64_t row, int slot) const;
+    CallInputs emptyCall(bool prefill, int64_t batch, int64_t length, int64_t width) const;
+
+    SchedulerLimits mLimits;
+    PageAllocator mPages;
+    std::vector<Slot> mSlots;
+};
+
+} // namespace dsa
