@@ -2,8 +2,8 @@
 
 The Python entry points validate their arguments against the op contract and then call the
 ``torch.ops.dsa`` custom ops, which the ONNX exporter turns into ``dsa``-domain nodes: the two
-sparse-attention ops and their paged-cache forms, the block-sparse attention and the routed experts of a mixture-of-experts
-block.
+sparse-attention ops and their paged-cache forms (over float or FP8 caches), the block-sparse
+attention and the routed experts of a mixture-of-experts block.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from dsa_export.ops.contract import (
     DOMAIN,
     INDEXER_TOPK,
     INDEXER_TOPK_PAGED,
+    INDEXER_TOPK_PAGED_FP8,
     MOE_EXPERTS,
     MOE_EXPERTS_FP8,
     OPS,
     PLUGIN_OPS,
     SPARSE_ATTENTION,
     SPARSE_ATTENTION_PAGED,
+    SPARSE_ATTENTION_PAGED_FP8,
     check_activation,
 )
 
@@ -33,19 +35,23 @@ __all__ = [
     "DOMAIN",
     "INDEXER_TOPK",
     "INDEXER_TOPK_PAGED",
+    "INDEXER_TOPK_PAGED_FP8",
     "MOE_EXPERTS",
     "MOE_EXPERTS_FP8",
     "OPS",
     "PLUGIN_OPS",
     "SPARSE_ATTENTION",
     "SPARSE_ATTENTION_PAGED",
+    "SPARSE_ATTENTION_PAGED_FP8",
     "dsa_block_sparse_attention",
     "dsa_indexer_topk",
     "dsa_indexer_topk_paged",
+    "dsa_indexer_topk_paged_fp8",
     "dsa_moe_experts",
     "dsa_moe_experts_fp8",
     "dsa_sparse_attention",
     "dsa_sparse_attention_paged",
+    "dsa_sparse_attention_paged_fp8",
 ]
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -216,6 +222,102 @@ def dsa_sparse_attention_paged(
     _check_block_table(block_table, q.shape[0], op)
     return torch_ops.sparse_attention_paged(q, k_pool, v_pool, indices.to(torch.int32), block_table.to(torch.int32),
                                             float(scale))
+
+
+def _check_fp8_pool(k_pool: torch.Tensor, k_scale_pool: torch.Tensor, scale_shape: tuple, op: str) -> None:
+    import torch
+
+    _check(k_pool.dtype == torch.uint8,
+           f"{op} expects k_pool as uint8 float8-e4m3fn bit patterns (codes.view(torch.uint8)), not {k_pool.dtype}.")
+    _check(k_pool.shape[0] >= 1 and k_pool.shape[1] >= 1, f"k_pool {tuple(k_pool.shape)} needs at least one page.")
+    _check(tuple(k_scale_pool.shape) == tuple(scale_shape) and k_scale_pool.dtype == torch.float32,
+           f"{op} expects a float32 k_scale_pool {list(scale_shape)} for k_pool {tuple(k_pool.shape)}, not "
+           f"{tuple(k_scale_pool.shape)} {k_scale_pool.dtype}.")
+
+
+def dsa_indexer_topk_paged_fp8(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    k_scale_pool: torch.Tensor,
+    w: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    topk: int,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """The lightning indexer over a paged FP8 key cache (see the op contract, DSAIndexerTopKPagedFP8).
+
+    ``k_pool [P,page,D]`` uint8 holds float8 e4m3fn bit patterns and ``k_scale_pool [P,page,1]``
+    float32 one scale per token: key = decode(code) * scale. Otherwise :func:`dsa_indexer_topk_paged`.
+    """
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    op = INDEXER_TOPK_PAGED_FP8.name
+    _check(q.dim() == 4 and k_pool.dim() == 3 and w.dim() == 3,
+           f"{op} expects q [B,S,H,D], k_pool [P,page,D], k_scale_pool [P,page,1], w [B,S,H].")
+    _check(k_pool.shape[2] == q.shape[3], f"k_pool {tuple(k_pool.shape)} does not match q {tuple(q.shape)}.")
+    _check_fp8_pool(k_pool, k_scale_pool, (k_pool.shape[0], k_pool.shape[1], 1), op)
+    _check(tuple(w.shape) == tuple(q.shape[:3]), f"w {tuple(w.shape)} must be [B,S,H] of q {tuple(q.shape)}.")
+    _check(str(q.dtype).split(".")[-1] in _FLOAT_DTYPES,
+           f"q must be one of {', '.join(_FLOAT_DTYPES)}, not {q.dtype}.")
+    _check(w.dtype in (torch.float32, q.dtype), f"w must be float32 or q's dtype ({q.dtype}), not {w.dtype}.")
+    _check(int(topk) >= 1, "topk must be at least 1.")
+    _check_block_table(block_table, q.shape[0], op)
+    for name, tensor in (("query_start", query_start), ("lengths", lengths)):
+        _check(tuple(tensor.shape) == (q.shape[0],) and not tensor.is_floating_point(),
+               f"{name} must be an integer [B] tensor, not {tuple(tensor.shape)} {tensor.dtype}.")
+    return torch_ops.indexer_topk_paged_fp8(q, k_pool, k_scale_pool, w, block_table.to(torch.int32),
+                                            query_start.to(torch.int32), lengths.to(torch.int32), int(topk),
+                                            float(scale), bool(causal))
+
+
+def dsa_sparse_attention_paged_fp8(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    k_scale_pool: torch.Tensor,
+    k_rope_pool: torch.Tensor,
+    indices: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    scale: float,
+    block_size: int = 128,
+) -> torch.Tensor:
+    """Sparse attention over a paged FP8 latent cache (see the op contract, DSASparseAttentionPagedFP8).
+
+    ``k_pool [P,page,Hkv,C]`` uint8 holds the e4m3fn codes of the latent's first C channels,
+    ``k_scale_pool [P,page,Hkv,C/block_size]`` float32 one scale per ``block_size`` channels and
+    ``k_rope_pool [P,page,Hkv,R]`` the RoPE channels; key rows are ``C+R`` wide (q is
+    ``[B,S,H,C+R]``) and the values are the decoded first C channels: returns ``[B,S,H,C]`` in q's dtype.
+    """
+    import torch
+
+    from dsa_export.ops import torch_ops
+
+    op = SPARSE_ATTENTION_PAGED_FP8.name
+    _check(q.dim() == 4 and k_pool.dim() == 4 and k_rope_pool.dim() == 4 and indices.dim() == 3,
+           f"{op} expects q [B,S,H,C+R], k_pool [P,page,Hkv,C], k_scale_pool [P,page,Hkv,C/block_size], "
+           "k_rope_pool [P,page,Hkv,R], indices [B,S,K].")
+    bs = int(block_size)
+    p, page, hkv, c = k_pool.shape
+    _check(bs >= 1 and c % bs == 0, f"C={c} (k_pool's last dim) is not a multiple of block_size={block_size}.")
+    _check_fp8_pool(k_pool, k_scale_pool, (p, page, hkv, c // bs), op)
+    _check(tuple(k_rope_pool.shape[:3]) == (p, page, hkv),
+           f"k_rope_pool {tuple(k_rope_pool.shape)} must have k_pool's pages {tuple(k_pool.shape[:3])}.")
+    _check(q.shape[3] == c + k_rope_pool.shape[3],
+           f"q head dim {q.shape[3]} != C + R = {c} + {k_rope_pool.shape[3]} of k_pool / k_rope_pool.")
+    _check(q.shape[2] % hkv == 0, f"H={q.shape[2]} is not a multiple of Hkv={hkv}.")
+    _check(str(q.dtype).split(".")[-1] in _FLOAT_DTYPES and str(k_rope_pool.dtype).split(".")[-1] in _FLOAT_DTYPES,
+           f"q and k_rope_pool must be one of {', '.join(_FLOAT_DTYPES)}, not {q.dtype} / {k_rope_pool.dtype}.")
+    _check(tuple(indices.shape[:2]) == tuple(q.shape[:2]) and not indices.is_floating_point(),
+           "indices must be an integer [B,S,K] tensor of q.")
+    _check_block_table(block_table, q.shape[0], op)
+    return torch_ops.sparse_attention_paged_fp8(q, k_pool, k_scale_pool, k_rope_pool, indices.to(torch.int32),
+                                                block_table.to(torch.int32), float(scale), bs)
 
 
 def dsa_block_sparse_attention(

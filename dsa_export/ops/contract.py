@@ -6,8 +6,10 @@ is written down once.
 
 Ops: the two DeepSeek Sparse Attention ops (``DSAIndexerTopK``, ``DSASparseAttention``) and their
 paged-cache forms (``DSAIndexerTopKPaged``, ``DSASparseAttentionPaged``: keys read from a pool of pages
-through a per-sequence block table, no plugin yet), the block-sparse attention of the DSA articles (``DSABlockSparseAttention``: per-head lists of key blocks,
-see docs/ops.md) and the routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
+through a per-sequence block table, no plugin yet; ``DSAIndexerTopKPagedFP8``,
+``DSASparseAttentionPagedFP8``: the same over FP8 caches stored as uint8 codes with float32 scales,
+the serving kernels' layouts), the block-sparse attention of the DSA articles
+(``DSABlockSparseAttention``: per-head lists of key blocks, see docs/ops.md) and the routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
 DeepSeek's FP8 block-scaled expert weights: an ONNX function body cannot test whether an optional
 input is present, so the FP8 form is its own op).
 """
@@ -253,6 +255,75 @@ SPARSE_ATTENTION_PAGED = OpSpec(
 )
 
 
+UINT8_TYPES = ("tensor(uint8)",)
+
+_FP8_CACHE_DOC = (
+    " FP8 cache: the codes are stored as uint8 bit patterns of float8 e4m3fn values (ONNX's ScatterND, "
+    "Gather, Concat and Where take no float8 tensors); decode(code) is the float value of the pattern "
+    "(0x7F and 0xFF are NaN; an encoder never writes them) and a decoded value is the float32 product "
+    "decode(code) * scale."
+)
+
+INDEXER_TOPK_PAGED_FP8 = OpSpec(
+    output_dims=_sizes.selection_dims, workspace_bytes=_sizes.indexer_paged_fp8_bytes, selects=True,
+    name="DSAIndexerTopKPagedFP8",
+    torch_name="indexer_topk_paged_fp8",
+    doc=(
+        "DSAIndexerTopKPaged over an FP8 index-key cache (DeepGEMM's layout): the key of a pool slot is "
+        "float32(decode(k_pool[p, i, :]) * k_scale_pool[p, i, 0]), one scale per token; selection exactly "
+        "DSAIndexerTopKPaged's on those keys." + _FP8_CACHE_DOC + _PAGED_DOC
+    ),
+    inputs=(
+        OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        OpTensor("k_pool", "[P,page,D]", UINT8_TYPES, doc="Pool of indexer-key pages: e4m3fn bit patterns."),
+        OpTensor("k_scale_pool", "[P,page,1]", ("tensor(float)",), type_var="TS",
+                   doc="Scale of each pool slot's key (key = decode(code) * scale)."),
+        OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+                   doc="Per-head weights of each query (float32, or q's dtype)."),
+        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        OpTensor("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
+        OpTensor("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
+    ),
+    outputs=(OpTensor("indices", "[B,S,topk]", ("tensor(int32)",),
+                        doc="Selected logical key positions, -1 padded."),),
+    attributes=INDEXER_TOPK_PAGED.attributes,
+    has_plugin=False,
+)
+
+SPARSE_ATTENTION_PAGED_FP8 = OpSpec(
+    output_dims=_sizes.attention_fp8_dims, workspace_bytes=_sizes.attention_paged_fp8_bytes,
+    consumes_selection=True,
+    name="DSASparseAttentionPagedFP8",
+    torch_name="sparse_attention_paged_fp8",
+    doc=(
+        "DSASparseAttentionPaged over an FP8 latent cache (FlashMLA's layout, DeepSeek's absorbed MLA): the "
+        "key row of a pool slot (kv head g) is concat(decode(k_pool[p, i, g, :]) * its block scales, "
+        "k_rope_pool[p, i, g, :]) of width C+R, channel c of the first C scaled by k_scale_pool[p, i, g, "
+        "c // block_size]; the values are the decoded first C channels (Dv = C). out[b,s,h] = "
+        "softmax_j(scale * q[b,s,h] . key[b,i_j,g(h)]) @ val[b,i_j,g(h)] over the valid logical indices, "
+        "skipped and invalid exactly as in DSASparseAttentionPaged; a row with no valid index gives zeros. "
+        "Accumulates in float32; the output has q's dtype." + _FP8_CACHE_DOC + _PAGED_DOC
+    ),
+    inputs=(
+        OpTensor("q", "[B,S,H,C+R]", FLOAT_TYPES),
+        OpTensor("k_pool", "[P,page,Hkv,C]", UINT8_TYPES,
+                   doc="Pool of latent pages: e4m3fn bit patterns of the first C (nope) channels."),
+        OpTensor("k_scale_pool", "[P,page,Hkv,C/block_size]", ("tensor(float)",), type_var="TS",
+                   doc="One scale per block_size channels of each pool slot's codes."),
+        OpTensor("k_rope_pool", "[P,page,Hkv,R]", FLOAT_TYPES, type_var="TR",
+                   doc="The R RoPE channels of each pool slot, unquantized (bfloat16 in serving)."),
+        OpTensor("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
+        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+    ),
+    outputs=(OpTensor("out", "[B,S,H,C]", FLOAT_TYPES),),
+    attributes=(
+        AttrSpec("scale", "float", None, "Softmax scale."),
+        AttrSpec("block_size", "int", 128, "Channels per scale of k_scale_pool (C is a multiple of it)."),
+    ),
+    has_plugin=False,
+)
+
+
 def block_count(length: int, block_size: int) -> int:
     """Blocks of ``block_size`` covering ``length`` positions (the last one may be partial).
 
@@ -337,7 +408,7 @@ MOE_EXPERTS_FP8 = OpSpec(
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (INDEXER_TOPK, SPARSE_ATTENTION, BLOCK_SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8,
-                 INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED)
+                 INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED, INDEXER_TOPK_PAGED_FP8, SPARSE_ATTENTION_PAGED_FP8)
 }
 
 #: The ops the plugin library registers a creator for (``has_plugin``): the plugin layers a

@@ -84,10 +84,16 @@ def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionPro
     from dsa_export.ops.attention_onnx import indexer_function, sparse_attention_function
     from dsa_export.ops.block_onnx import block_sparse_attention_function
     from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function
-    from dsa_export.ops.paged_onnx import indexer_paged_function, sparse_attention_paged_function
+    from dsa_export.ops.paged_onnx import (
+        indexer_paged_fp8_function,
+        indexer_paged_function,
+        sparse_attention_paged_fp8_function,
+        sparse_attention_paged_function,
+    )
 
     functions = [indexer_function(opset), sparse_attention_function(opset), block_sparse_attention_function(opset),
-                 moe_experts_function(opset), indexer_paged_function(opset), sparse_attention_paged_function(opset)]
+                 moe_experts_function(opset), indexer_paged_function(opset), sparse_attention_paged_function(opset),
+                 indexer_paged_fp8_function(opset), sparse_attention_paged_fp8_function(opset)]
     if opset >= MOE_EXPERTS_FP8.min_opset:
         functions.append(moe_experts_fp8_function(opset, fp8_body))
     return functions
@@ -130,6 +136,16 @@ def translation_table() -> dict:
     def sparse_attention_paged(q, k_pool, v_pool, indices, block_table, scale: float):
         return dsa.DSASparseAttentionPaged(q, k_pool, v_pool, indices, block_table, scale=scale, **PLUGIN_ATTRIBUTES)
 
+    def indexer_topk_paged_fp8(q, k_pool, k_scale_pool, w, block_table, query_start, lengths, topk: int,
+                               scale: float, causal: bool):
+        return dsa.DSAIndexerTopKPagedFP8(q, k_pool, k_scale_pool, w, block_table, query_start, lengths, topk=topk,
+                                          scale=scale, causal=int(causal), **PLUGIN_ATTRIBUTES)
+
+    def sparse_attention_paged_fp8(q, k_pool, k_scale_pool, k_rope_pool, indices, block_table, scale: float,
+                                   block_size: int = 128):
+        return dsa.DSASparseAttentionPagedFP8(q, k_pool, k_scale_pool, k_rope_pool, indices, block_table, scale=scale,
+                                              block_size=int(block_size), **PLUGIN_ATTRIBUTES)
+
     def block_sparse_attention(q, k, v, block_index, block_size: int, scale: float, causal: bool):
         return dsa.DSABlockSparseAttention(q, k, v, block_index, block_size=int(block_size), scale=scale,
                                            causal=int(causal), **PLUGIN_ATTRIBUTES)
@@ -149,6 +165,8 @@ def translation_table() -> dict:
         torch.ops.dsa.sparse_attention.default: sparse_attention,
         torch.ops.dsa.indexer_topk_paged.default: indexer_topk_paged,
         torch.ops.dsa.sparse_attention_paged.default: sparse_attention_paged,
+        torch.ops.dsa.indexer_topk_paged_fp8.default: indexer_topk_paged_fp8,
+        torch.ops.dsa.sparse_attention_paged_fp8.default: sparse_attention_paged_fp8,
         torch.ops.dsa.block_sparse_attention.default: block_sparse_attention,
         torch.ops.dsa.moe_experts.default: moe_experts,
         torch.ops.dsa.moe_experts_fp8.default: moe_experts_fp8,
@@ -158,13 +176,16 @@ def translation_table() -> dict:
 def use_tensorrt_bodies(model) -> bool:
     """Swap, in place, the function bodies TensorRT(-RTX)'s parser cannot build for the ones it
     can: the static sparse-attention chunks (what exported files carry already; files of older
-    exports may hold the trimmed ones) and the stacked FP8 experts. Returns whether any was
-    swapped (both parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call
-    this before parsing)."""
+    exports may hold the trimmed ones), the stacked FP8 experts and the FP8-cache paged bodies
+    that cast the uint8 code pool first (TensorRT takes uint8 only into a Cast, see
+    :data:`dsa_export.ops.paged_onnx.FP8_CACHE_BODIES`). Returns whether any was swapped (both
+    parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call this before parsing)."""
     from dsa_export.ops.attention_onnx import use_attention_body
     from dsa_export.ops.moe_onnx import use_fp8_body
+    from dsa_export.ops.paged_onnx import use_fp8_cache_bodies
 
     swapped = use_attention_body(model, "static")
+    swapped = use_fp8_cache_bodies(model, "cast") or swapped
     return use_fp8_body(model, "stack") or swapped
 
 

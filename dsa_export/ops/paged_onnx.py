@@ -23,9 +23,16 @@ the contiguous ones of :mod:`dsa_export.ops.attention_onnx` (same chunking over 
   of the two paths contributes.
 
 The pools must hold at least one page (``P >= 1``): invalid table entries gather page 0 (masked).
+
+The FP8-cache forms (``DSAIndexerTopKPagedFP8``, ``DSASparseAttentionPagedFP8``) are these bodies
+with the uint8 e4m3fn codes decoded as they are read: a 256-entry float32 table gathered by the
+codes cast to int32 (exact), times the scales gathered alongside; see :data:`FP8_CACHE_BODIES` for
+the construction TensorRT builds.
 """
 
 from __future__ import annotations
+
+import math
 
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
@@ -39,11 +46,17 @@ from dsa_export.ops.attention_onnx import (
     _scalar,
     _unchunk,
 )
-from dsa_export.ops.contract import INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED
+from dsa_export.ops.contract import (
+    DOMAIN,
+    INDEXER_TOPK_PAGED,
+    INDEXER_TOPK_PAGED_FP8,
+    SPARSE_ATTENTION_PAGED,
+    SPARSE_ATTENTION_PAGED_FP8,
+)
 from dsa_export.ops.onnx_graph import Body
 from dsa_export.ops.sizes import KEY_CHUNK_ELEMENTS
 
-F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+F32, F16, I32, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64
 
 
 def _dims(b: Body, *scalars: str) -> str:
@@ -52,9 +65,16 @@ def _dims(b: Body, *scalars: str) -> str:
 
 def indexer_paged_function(opset: int) -> FunctionProto:
     """Body of DSAIndexerTopKPaged."""
-    b = Body("idxp")
+    return _indexer_paged(INDEXER_TOPK_PAGED, Body("idxp"), opset, "k_pool",
+                          lambda u, page_ids: u("Cast", u("Gather", "k_pool", page_ids, axis=0), to=F32))
+
+
+def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages) -> FunctionProto:
+    """The paged indexer body; ``read_pages(u, page_ids [B,span]) -> [B,span,page,D]`` float32 keys
+    of those pages, built in the key span's graph ``u``; ``pool`` is the [P,page,D] tensor whose
+    shape gives the pages' size."""
     qf, wf = b("Cast", "q", to=F32), b("Cast", "w", to=F32)
-    q_shape, pool_shape = b("Shape", "q"), b("Shape", "k_pool")
+    q_shape, pool_shape = b("Shape", "q"), b("Shape", pool)
     batch, s_len, heads = _scalar(b, q_shape, 0), _scalar(b, q_shape, 1), _scalar(b, q_shape, 2)
     n_pages, page, dim = _scalar(b, pool_shape, 0), _scalar(b, pool_shape, 1), _scalar(b, pool_shape, 2)
     blocks = _scalar(b, b("Shape", "block_table"), 1)
@@ -102,7 +122,7 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     # Transposed in the span's own graph, where ONNX Runtime fuses it into the product.
     q_t = u("Transpose", q_c, perm=[0, 1, 3, 2])  # [B,rows,D,H]
     blocks_j = u("Min", u("Add", u("Mul", j, span), span_pages), last_block)  # [span] block-table columns
-    keys = u("Reshape", u("Cast", u("Gather", "k_pool", u("Gather", pages, blocks_j, axis=1), axis=0), to=F32),
+    keys = u("Reshape", read_pages(u, u("Gather", pages, blocks_j, axis=1)),
              span_keys, allowzero=1)  # [B,1,span*page,D]: this chunk's keys only
     part = u("Squeeze", u("MatMul", u("Relu", u("MatMul", keys, q_t)), w_c), u.const([3]))  # [B,rows,span*page]
     per_span = _loop(t, u, j, key_cond, part, F32, 3, key_trips)  # [trips',B,rows,span*page]
@@ -116,7 +136,7 @@ def indexer_paged_function(opset: int) -> FunctionProto:
     stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
     _unchunk(b, stacked, 3, s_len)
     b.rename_last("indices")
-    return _function(INDEXER_TOPK_PAGED, b, opset)
+    return _function(spec, b, opset)
 
 
 def sparse_attention_paged_function(opset: int) -> FunctionProto:
@@ -190,3 +210,154 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
     b.rename_last("out")
     return _function(SPARSE_ATTENTION_PAGED, b, opset)
+
+
+# -- FP8 caches ----------------------------------------------------------------------------------
+
+#: Constructions of the FP8-cache bodies, by how they read the uint8 codes. ``gather`` (the
+#: default, what files carry and ONNX Runtime runs) gathers the selected rows' uint8 codes and
+#: decodes only those. TensorRT(-RTX) takes a uint8 tensor only as a network input consumed by a
+#: Cast ("TensorRT does not support UINT8 types for intermediate tensors"; a Gather, Slice or
+#: Reshape of it fails to parse, "Found unsupported input type of UINT8"), so ``cast`` casts the
+#: code pool to float16 first (exact: every code 0..255 is a float16 integer) and gathers from that
+#: copy (2 bytes a code: the one pool-sized copy of these bodies, TensorRT only; see
+#: :func:`use_fp8_cache_bodies`).
+FP8_CACHE_BODIES = ("gather", "cast")
+
+
+def fp8_e4m3fn_table() -> list[float]:
+    """The float value of each float8 e4m3fn bit pattern 0..255 (sign, 4 exponent bits with bias 7,
+    3 mantissa bits; exponent 0 subnormal; 0x7F and 0xFF NaN, no infinities)."""
+    values = []
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exponent, mantissa = (code >> 3) & 0xF, code & 0x7
+        if exponent == 0xF and mantissa == 0x7:
+            values.append(math.copysign(float("nan"), sign))  # the sign bit kept, as torch's
+        elif exponent == 0:
+            values.append(sign * mantissa / 8.0 * 2.0**-6)
+        else:
+            values.append(sign * (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7))
+    return values
+
+
+def _decoder(b: Body, codes: str) -> tuple[str, str]:
+    """(the tensor the codes are gathered from, the 256-entry float32 decode table)."""
+    if codes not in FP8_CACHE_BODIES:
+        raise ValueError(f"unknown FP8-cache body {codes!r}; one of {', '.join(FP8_CACHE_BODIES)}")
+    table = b("Constant", value=helper.make_tensor("v", F32, [256], fp8_e4m3fn_table()))
+    pool = "k_pool" if codes == "gather" else b("Cast", "k_pool", to=F16)
+    return pool, table
+
+
+def _decode(u: Body, table: str, codes: str) -> str:
+    """float32 values of gathered codes: a Gather of the table by the codes as int32 (exact)."""
+    return u("Gather", table, u("Cast", codes, to=I32), axis=0)
+
+
+def indexer_paged_fp8_function(opset: int, codes: str = "gather") -> FunctionProto:
+    """Body of DSAIndexerTopKPagedFP8: the paged indexer's, each span's pages decoded as read
+    (codes gathered, decoded by table, times their tokens' scales); ``codes``: see
+    :data:`FP8_CACHE_BODIES`."""
+    b = Body("idxp8")
+    pool, table = _decoder(b, codes)
+
+    def read_pages(u: Body, page_ids: str) -> str:
+        values = _decode(u, table, u("Gather", pool, page_ids, axis=0))  # [B,span,page,D]
+        return u("Mul", values, u("Gather", "k_scale_pool", page_ids, axis=0))  # scales [B,span,page,1]
+
+    return _indexer_paged(INDEXER_TOPK_PAGED_FP8, b, opset, pool, read_pages)
+
+
+def sparse_attention_paged_fp8_function(opset: int, codes: str = "gather") -> FunctionProto:
+    """Body of DSASparseAttentionPagedFP8: the paged attention's with values from the keys; per
+    chunk of queries the selected pool rows' codes, block scales and RoPE channels are gathered
+    (per kv head, in [B,rows,Hkv,K,..] order), the codes decoded by table and scaled, and the key
+    rows concatenated to C+R channels; the values are the first C channels of the small
+    [.., G, C+R] product. ``codes``: see :data:`FP8_CACHE_BODIES`."""
+    b = Body("sap8")
+    pool, table = _decoder(b, codes)
+    q_shape, k_shape = b("Shape", "q"), b("Shape", pool)
+    batch, s_len, heads, dk = (_scalar(b, q_shape, i) for i in range(4))
+    n_pages, page, hkv, width = (_scalar(b, k_shape, i) for i in range(4))  # width: C
+    rope = b("Sub", dk, width)  # R
+    n_scales = _scalar(b, b("Shape", "k_scale_pool"), 3)
+    block = b.ref("block_size", AttributeProto.INT)
+    blocks = _scalar(b, b("Shape", "block_table"), 1)
+    capacity = b("Mul", blocks, page)
+    k_sel_count = _scalar(b, b("Shape", "indices"), 2)
+    group = b("Div", heads, hkv)
+    qf = b("Cast", "q", to=F32)
+
+    # The pools as tables of (token, kv head) rows, views for the runtime (nothing copied).
+    slots = b("Mul", b("Mul", n_pages, page), hkv)
+    code_table = b("Reshape", pool, _dims(b, slots, width), allowzero=1)  # [P*page*Hkv, C]
+    scale_table = b("Reshape", "k_scale_pool", _dims(b, slots, n_scales), allowzero=1)  # [P*page*Hkv, C/bs]
+    rope_table = b("Reshape", "k_rope_pool", _dims(b, slots, rope), allowzero=1)  # [P*page*Hkv, R]
+    kv_heads = b("Reshape", b("Range", b.const(0), hkv, b.const(1)), b.const([1, 1, -1, 1]))  # [1,1,Hkv,1]
+    block_ids = b("Reshape", b("Cast", "block_table", to=I64), b.const([-1]))  # [B*M]
+    batch_offset = b("Reshape", b("Mul", b("Range", b.const(0), batch, b.const(1)), blocks), b.const([-1, 1, 1]))
+    # B*K times the float32 values a query row costs per selected slot: Hkv*(6C+4R)+3H, the
+    # formula of sizes.attention_fp8_row_values (which the memory estimate uses).
+    per_row = b("Mul", b("Mul", batch, k_sel_count),
+                b("Add", b("Mul", hkv, b("Add", b("Mul", width, b.const(6)), b("Mul", rope, b.const(4)))),
+                  b("Mul", heads, b.const(3))))
+    rows, trips, offsets = _chunking(b, s_len, per_row)
+    last_row = b("Sub", s_len, b.const(1))
+    q_group_shape = _dims(b, batch, rows, hkv, group, dk)
+    scaled_shape = _dims(b, batch, rows, hkv, k_sel_count, n_scales, block)  # codes by scale block
+    nope_shape = _dims(b, batch, rows, hkv, k_sel_count, width)
+    out_shape = _dims(b, batch, rows, heads, width)
+    width_1d = _one_d(b, width)
+
+    t = b.child("chunk")
+    iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
+    row = _chunk_rows(t, iteration, rows, offsets, last_row)
+    idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
+    in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
+    logical = t("Where", in_range, idx, t.const(0))
+    block_col = t("Div", logical, page)  # block of the row's table
+    page_id = t("Gather", block_ids, t("Add", block_col, batch_offset), axis=0)  # [B,rows,K]
+    valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
+    pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block_col, page)))
+    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
+    table_rows = t("Add", t("Mul", pool_row, hkv), kv_heads)  # [B,rows,Hkv,K] rows of the tables
+    # Only the selected rows are gathered and decoded: codes [B,rows,Hkv,K,C], their block scales
+    # [B,rows,Hkv,K,C/bs] and RoPE channels [B,rows,Hkv,K,R].
+    values = _decode(t, table, t("Gather", code_table, table_rows, axis=0))
+    scales = t("Unsqueeze", t("Gather", scale_table, table_rows, axis=0), t.const([5]))
+    nope = t("Reshape", t("Mul", t("Reshape", values, scaled_shape, allowzero=1), scales), nope_shape, allowzero=1)
+    rope_sel = t("Cast", t("Gather", rope_table, table_rows, axis=0), to=F32)
+    # Skipped slots read pool row 0, a page that may belong to no sequence: zero them, so that
+    # whatever it holds (NaN codes or scales included) meets a probability of 0 as a 0.
+    valid5 = t("Unsqueeze", valid, t.const([2, 4]))  # [B,rows,1,K,1]
+    k_sel = t("Where", valid5, t("Concat", nope, rope_sel, axis=4), t.const(0.0, F32))  # [B,rows,Hkv,K,C+R]
+    q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])
+    logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
+               t.ref("scale", AttributeProto.FLOAT))  # [B,rows,Hkv,G,K]
+    valid_c = t("Unsqueeze", valid, t.const([2, 3]))  # [B,rows,1,1,K]
+    probs = t("Softmax", t("Where", valid_c, logits, t.const(-1e30, F32)), axis=-1)
+    # Values are the first C channels: probabilities times the whole key rows, then the first C
+    # channels of the small [.., G, C+R] result (no copy of the selected rows).
+    attended = t("Slice", t("MatMul", probs, k_sel), t.const([0]), width_1d, t.const([4]))  # [..,G,C]
+    any_valid = t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1)  # [B,rows,1,1,1]
+    chunk_out = t("Reshape", t("Mul", attended, any_valid), out_shape)  # [B,rows,H,C]
+    stacked = _loop(b, t, iteration, cond, chunk_out, F32, 4, trips)
+    b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
+    b.rename_last("out")
+    return _function(SPARSE_ATTENTION_PAGED_FP8, b, opset)
+
+
+def use_fp8_cache_bodies(model, codes: str) -> bool:
+    """Replace, in place, ``model``'s FP8-cache paged functions (DSAIndexerTopKPagedFP8,
+    DSASparseAttentionPagedFP8) with the ``codes`` construction (see :data:`FP8_CACHE_BODIES`);
+    TensorRT(-RTX) builds ``cast``. Returns whether the model had any of them."""
+    builders = {INDEXER_TOPK_PAGED_FP8.name: indexer_paged_fp8_function,
+                SPARSE_ATTENTION_PAGED_FP8.name: sparse_attention_paged_fp8_function}
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    swapped = False
+    for i, fn in enumerate(model.functions):
+        if fn.domain == DOMAIN and fn.name in builders:
+            model.functions[i].CopyFrom(builders[fn.name](opset, codes))
+            swapped = True
+    return swapped

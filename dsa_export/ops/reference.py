@@ -189,6 +189,55 @@ def sparse_attention_paged_reference(
     return out.astype(np.asarray(q).dtype)
 
 
+def decode_fp8_reference(codes: np.ndarray) -> np.ndarray:
+    """float32 values of uint8 float8 e4m3fn bit patterns (0x7F and 0xFF are NaN), via ml_dtypes."""
+    import ml_dtypes
+
+    return np.asarray(codes, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def indexer_topk_paged_fp8_reference(
+    q: np.ndarray,
+    k_pool: np.ndarray,
+    k_scale_pool: np.ndarray,
+    w: np.ndarray,
+    block_table: np.ndarray,
+    query_start: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    topk: int,
+    scale: float,
+    causal: bool = True,
+) -> np.ndarray:
+    """:func:`indexer_topk_paged_reference` of the decoded keys, float32(decode(code) * scale)."""
+    keys = decode_fp8_reference(k_pool) * np.asarray(k_scale_pool, np.float32)
+    return indexer_topk_paged_reference(q, keys, w, block_table, query_start, lengths, topk=topk, scale=scale,
+                                        causal=causal)
+
+
+def fp8_latent_pool_reference(k_pool: np.ndarray, k_scale_pool: np.ndarray, k_rope_pool: np.ndarray,
+                              block_size: int) -> np.ndarray:
+    """float32 ``[P,page,Hkv,C+R]`` key rows of an FP8 latent cache: the decoded codes, each times
+    the scale of its ``block_size`` channels, then the RoPE channels."""
+    codes = decode_fp8_reference(k_pool)
+    c = codes.shape[-1]
+    if c % int(block_size):
+        raise ValueError(f"C={c} is not a multiple of block_size={block_size}.")
+    scales = np.repeat(np.asarray(k_scale_pool, np.float32), int(block_size), axis=-1)
+    return np.concatenate([codes * scales, np.asarray(k_rope_pool).astype(np.float32)], axis=-1)
+
+
+def sparse_attention_paged_fp8_reference(
+    q: np.ndarray, k_pool: np.ndarray, k_scale_pool: np.ndarray, k_rope_pool: np.ndarray, indices: np.ndarray,
+    block_table: np.ndarray, *, scale: float, block_size: int = 128,
+) -> np.ndarray:
+    """:func:`sparse_attention_paged_reference` of the decoded latent rows (``C+R`` wide), values
+    their first C channels: ``[B,S,H,C]`` in q's dtype."""
+    keys = fp8_latent_pool_reference(k_pool, k_scale_pool, k_rope_pool, block_size)
+    no_values = np.zeros((0, *k_pool.shape[1:]), np.float32)
+    return sparse_attention_paged_reference(q, keys, no_values, indices, block_table, scale=scale)
+
+
 def dequantize_fp8_reference(weight: np.ndarray, scale: np.ndarray, block_size: int) -> np.ndarray:
     """float64 ``[..., R, C]``: each FP8 value times the scale of its ``block_size`` block."""
     w64 = _as_float64(weight)
@@ -267,6 +316,24 @@ class DSASparseAttentionPaged(OpRun):
         return (sparse_attention_paged_reference(q, k_pool, v_pool, indices, block_table, scale=float(scale)),)
 
 
+class DSAIndexerTopKPagedFP8(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k_pool, k_scale_pool, w, block_table, query_start, lengths, topk=None, scale=None, causal=1,
+             plugin_namespace=None, plugin_version=None):
+        return (indexer_topk_paged_fp8_reference(q, k_pool, k_scale_pool, w, block_table, query_start, lengths,
+                                                 topk=int(topk), scale=float(scale), causal=bool(causal)),)
+
+
+class DSASparseAttentionPagedFP8(OpRun):
+    op_domain = DOMAIN
+
+    def _run(self, q, k_pool, k_scale_pool, k_rope_pool, indices, block_table, scale=None, block_size=128,
+             plugin_namespace=None, plugin_version=None):
+        return (sparse_attention_paged_fp8_reference(q, k_pool, k_scale_pool, k_rope_pool, indices, block_table,
+                                                     scale=float(scale), block_size=int(block_size)),)
+
+
 class DSAMoEExperts(OpRun):
     op_domain = DOMAIN
 
@@ -303,7 +370,8 @@ class Loop(_OnnxLoop):
 #: (inlined: ``onnx.reference`` gives ``new_ops`` to subgraphs but not to local functions).
 BODY_OPS = [Loop]
 _DSA_REFERENCE_OPS = [DSAIndexerTopK, DSASparseAttention, DSABlockSparseAttention, DSAMoEExperts, DSAMoEExpertsFP8,
-                      DSAIndexerTopKPaged, DSASparseAttentionPaged]
+                      DSAIndexerTopKPaged, DSASparseAttentionPaged, DSAIndexerTopKPagedFP8,
+                      DSASparseAttentionPagedFP8]
 #: OpRun classes for ``ReferenceEvaluator(model, new_ops=REFERENCE_OPS)``: the dsa nodes run as
 #: these references, and a graph's own Loops (a native file's inlined bodies) run too.
 REFERENCE_OPS = [*_DSA_REFERENCE_OPS, *BODY_OPS]

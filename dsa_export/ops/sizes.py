@@ -34,6 +34,12 @@ measures the formulas against ONNX Runtime's peak resident set). The formulas fo
   through the block table; the indexer gathers the rows' keys a span of pages at a time (at
   most :data:`KEY_CHUNK_ELEMENTS` values: no copy of a row's key cache), the attention only the
   pool rows a chunk selected. No term grows with the pool.
+- ``DSAIndexerTopKPagedFP8`` / ``DSASparseAttentionPagedFP8``: the paged bodies over uint8 FP8
+  codes; each span (indexer) or chunk (attention) also holds its gathered codes (1 byte), their
+  int32 table indices and the decoded and scaled float32 values; the attention's selected rows
+  are ``C`` codes, ``C / block_size`` scales and ``R`` RoPE channels, concatenated into ``C+R``-wide
+  key rows. The ``cast`` bodies TensorRT(-RTX) builds (:mod:`dsa_export.ops.paged_onnx`) add a
+  float16 copy of the code pool (``2*P*page*...`` bytes), which ONNX Runtime never runs.
 - ``DSABlockSparseAttention(q [B,S,H,Dk], k [B,T,Hkv,Dk], v [B,T,Hkv,Dv], block_index
   [B,H,nqb,Kb])`` (attribute ``block_size`` bs): the body holds the scaled queries padded to
   ``nqb*bs`` rows and laid out in blocks (two copies), the keys and values as rows of one block
@@ -125,6 +131,54 @@ def indexer_paged_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:
     span = max(1, min(blocks, KEY_CHUNK_ELEMENTS // max(1, b * page * d))) * page
     return F32 * (2 * b * s * h * d + 2 * b * span * d + 2 * rows * b * h * span + 9 * rows * b * (t + topk)
                   + 4 * b * s * topk)
+
+
+def indexer_paged_fp8_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:
+    """``DSAIndexerTopKPagedFP8(q, k_pool [P,page,D] uint8, k_scale_pool, w, block_table [B,M], ...)``:
+    :func:`indexer_paged_bytes` with each span's codes decoded (uint8 codes, int32 table indices,
+    decoded and scaled float32 keys: 13 bytes a key value instead of 8)."""
+    q, pool, table = _dims(shapes, 0, 4), _dims(shapes, 1, 3), _dims(shapes, 4, 2)
+    if q is None or pool is None or table is None:
+        return 0
+    b, _, _, d = q
+    page, blocks = pool[1], table[1]
+    span = max(1, min(blocks, KEY_CHUNK_ELEMENTS // max(1, b * page * d))) * page
+    return (indexer_paged_bytes([q, (pool[0], page, d), None, table], attrs)
+            + (F32 + 1) * b * span * d + b * span * F32)
+
+
+def attention_fp8_dims(dims: list[Dims], attrs: dict[str, Any]) -> list[Any]:
+    """``out [B, S, H, C]``: q's first three dims and the width of the codes (k_pool's last dim)."""
+    q, k_pool = dims[0], dims[1]
+    return [q[0], q[1], q[2], k_pool[3]]
+
+
+def attention_fp8_row_values(hkv: int, c: int, r: int, h: int) -> int:
+    """float32 values one selected slot of one query row costs the FP8 attention body (what its
+    chunking divides :data:`CHUNK_ELEMENTS` by, times ``B*K``): codes as table indices, decoded,
+    scaled (``3C``), the RoPE channels cast (``R``), the concatenated and masked key rows
+    (``2(C+R)``) and the product with the probabilities (``C+R``) per kv head, and ``3H``
+    logits/probabilities."""
+    return hkv * (6 * c + 4 * r) + 3 * h
+
+
+def attention_paged_fp8_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:
+    """``DSASparseAttentionPagedFP8(q [B,S,H,C+R], k_pool [P,page,Hkv,C] uint8, k_scale_pool,
+    k_rope_pool [P,page,Hkv,R], indices [B,S,K], block_table [B,M])``: per chunk only the selected
+    rows' codes, scales and RoPE channels, decoded into ``C+R``-wide float32 key rows (the pools
+    are viewed, never copied or cast)."""
+    q, k_pool, rope = _dims(shapes, 0, 4), _dims(shapes, 1, 4), _dims(shapes, 3, 4)
+    index, table = _dims(shapes, 4, 3), _dims(shapes, 5, 2)
+    if q is None or k_pool is None:
+        return 0
+    b, s, h, dk = q
+    hkv, c = k_pool[2], k_pool[3]
+    r = rope[3] if rope is not None else max(0, dk - c)
+    k_sel = index[2] if index is not None else (table[1] * k_pool[1] if table is not None else 1)
+    per_slot = attention_fp8_row_values(hkv, c, r, h)
+    rows = _rows(s, b * k_sel * per_slot)
+    return (F32 * (b * s * h * dk + rows * b * k_sel * per_slot + 3 * b * s * h * c)
+            + rows * b * k_sel * hkv * c + 56 * rows * b * k_sel)
 
 
 def attention_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:

@@ -1,5 +1,6 @@
 """torch.library custom ops ``dsa::indexer_topk``, ``dsa::sparse_attention``, their paged-cache
-forms ``dsa::indexer_topk_paged`` / ``dsa::sparse_attention_paged``, ``dsa::moe_experts`` and
+forms ``dsa::indexer_topk_paged`` / ``dsa::sparse_attention_paged`` and their FP8-cache forms
+``dsa::indexer_topk_paged_fp8`` / ``dsa::sparse_attention_paged_fp8``, ``dsa::moe_experts`` and
 ``dsa::moe_experts_fp8``.
 
 The implementations are plain torch (they run on any device) and are both the reference of the
@@ -308,8 +309,27 @@ def indexer_topk_paged(
     """DSAIndexerTopK over a paged key cache: each row's keys are gathered once through its block
     table (only the pages its queries may read), then scored chunk by chunk like the contiguous op.
     Keys of invalid pages score -inf; rows with at most ``topk`` allowed keys take all of them."""
+    d = q.shape[3]
+    return _indexer_paged(q, k_pool.shape[0], k_pool.shape[1], w, block_table, query_start, lengths, topk, scale,
+                          causal, lambda pages, n: k_pool.index_select(0, pages).reshape(-1, d)[:n].float())
+
+
+def _indexer_paged(
+    q: torch.Tensor,
+    n_pages: int,
+    page: int,
+    w: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    scale: float,
+    causal: bool,
+    read_keys: Callable[[torch.Tensor, int], torch.Tensor],
+) -> torch.Tensor:
+    """The paged indexer with ``read_keys(pages [n], n_keys) -> float32 [n_keys, D]``: the first
+    ``n_keys`` keys stored in ``pages`` (the row's pages, in logical order), as float32."""
     b, s, h, d = q.shape
-    n_pages, page = k_pool.shape[0], k_pool.shape[1]
     capacity = block_table.shape[1] * page
     out = torch.full((b, s, topk), -1, dtype=torch.int32, device=q.device)
     if b * s == 0 or capacity == 0 or n_pages == 0:
@@ -326,7 +346,7 @@ def indexer_topk_paged(
         if n_max <= 0:
             continue
         pages, key_ok = _paged_rows(block_table[bi], n_pages, page, n_max)
-        keys = k_pool.index_select(0, pages).reshape(-1, d)[:n_max].float()  # [n_max, D], the row's keys only
+        keys = read_keys(pages, n_max)  # [n_max, D] float32, the row's keys only
         all_ok = bool(key_ok.all())
         # A query with at most topk allowed keys takes all of them: the first valid positions.
         ok_positions = key_ok.nonzero().squeeze(1)[:topk]
@@ -379,9 +399,30 @@ def sparse_attention_paged(
     """DSASparseAttention over paged caches: each chunk's logical indices are turned into pool rows
     through the block table and only those rows are gathered (in the pools' dtype, then float32),
     once per kv head; nothing of the pool is copied whole."""
-    b, s, h, dk = q.shape
-    n_pages, page, hkv = k_pool.shape[0], k_pool.shape[1], k_pool.shape[2]
+    n_pages, page, hkv, dk = k_pool.shape
     dv = v_pool.shape[3]
+    k_rows = k_pool.reshape(n_pages * page, hkv * dk)  # views of the pools: nothing copied
+    v_rows = None if v_pool.shape[0] == 0 else v_pool.reshape(n_pages * page, hkv * dv)
+    return _attention_paged(q, n_pages, page, hkv, dv, indices, block_table, scale,
+                            lambda flat: k_rows.index_select(0, flat).float(),
+                            None if v_rows is None else lambda flat: v_rows.index_select(0, flat).float())
+
+
+def _attention_paged(
+    q: torch.Tensor,
+    n_pages: int,
+    page: int,
+    hkv: int,
+    dv: int,
+    indices: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    read_keys: Callable[[torch.Tensor], torch.Tensor],
+    read_values: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """The paged sparse attention with ``read_keys(flat pool rows [N]) -> float32 [N, Hkv*Dk]`` and
+    ``read_values`` likewise ``[N, Hkv*Dv]`` (None: the values are the keys' first Dv channels)."""
+    b, s, h, dk = q.shape
     n_sel = indices.shape[2]
     capacity = block_table.shape[1] * page
     group = h // hkv
@@ -390,9 +431,7 @@ def sparse_attention_paged(
         return out
     if n_pages == 0 or capacity == 0 or n_sel == 0:
         return out.zero_()
-    from_keys = v_pool.shape[0] == 0
-    k_rows = k_pool.reshape(n_pages * page, hkv * dk)  # views of the pools: nothing copied
-    v_rows = None if from_keys else v_pool.reshape(n_pages * page, hkv * dv)
+    from_keys = read_values is None
     pages_of = block_table.long()
     rows = _chunk_rows(s, b * n_sel * (hkv * (dk + dv) + 3 * h) * 4)
     for start in range(0, s, rows):
@@ -409,11 +448,11 @@ def sparse_attention_paged(
         used = int(valid.reshape(-1, n_sel).any(0).nonzero().max()) + 1
         valid = valid[..., :used]
         flat = torch.where(valid, page_id[..., :used] * page + logical[..., :used] % page, 0).reshape(-1)
-        k_sel = k_rows.index_select(0, flat).float().view(b, c, used, hkv, dk).transpose(2, 3)  # [B,c,Hkv,K,Dk]
+        k_sel = read_keys(flat).view(b, c, used, hkv, dk).transpose(2, 3)  # [B,c,Hkv,K,Dk]
         if from_keys:
             v_sel = k_sel[..., :dv]
         else:
-            v_sel = v_rows.index_select(0, flat).float().view(b, c, used, hkv, dv).transpose(2, 3)
+            v_sel = read_values(flat).view(b, c, used, hkv, dv).transpose(2, 3)
         qg = (q[:, start:stop].float() * scale).reshape(b, c, hkv, group, dk)
         logits = torch.matmul(qg, k_sel.transpose(-1, -2))  # [B,c,Hkv,G,K]
         complete = bool(valid.all())
@@ -432,6 +471,74 @@ def sparse_attention_paged(
 @sparse_attention_paged.register_fake
 def _sparse_attention_paged_fake(q, k_pool, v_pool, indices, block_table, scale):
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_pool.shape[3]))
+
+
+
+def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of uint8 float8 e4m3fn bit patterns (0x7F / 0xFF: NaN)."""
+    return codes.view(torch.float8_e4m3fn).float()
+
+
+@torch.library.custom_op(f"{DOMAIN}::indexer_topk_paged_fp8", mutates_args=())
+def indexer_topk_paged_fp8(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    k_scale_pool: torch.Tensor,
+    w: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """DSAIndexerTopKPaged over an FP8 index-key cache (uint8 e4m3fn codes, one float32 scale per
+    token): the row's pages are gathered and decoded (decode(code) * scale, float32), nothing of
+    the pool is decoded whole; the selection is then the paged indexer's."""
+    d = q.shape[3]
+    n_pages, page = k_pool.shape[0], k_pool.shape[1]
+
+    def read_keys(pages: torch.Tensor, n: int) -> torch.Tensor:
+        codes = k_pool.index_select(0, pages).reshape(-1, d)[:n]
+        return decode_fp8(codes) * k_scale_pool.index_select(0, pages).reshape(-1, 1)[:n].float()
+
+    return _indexer_paged(q, n_pages, page, w, block_table, query_start, lengths, topk, scale, causal, read_keys)
+
+
+@indexer_topk_paged_fp8.register_fake
+def _indexer_topk_paged_fp8_fake(q, k_pool, k_scale_pool, w, block_table, query_start, lengths, topk, scale, causal):
+    return q.new_empty((q.shape[0], q.shape[1], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{DOMAIN}::sparse_attention_paged_fp8", mutates_args=())
+def sparse_attention_paged_fp8(
+    q: torch.Tensor, k_pool: torch.Tensor, k_scale_pool: torch.Tensor, k_rope_pool: torch.Tensor,
+    indices: torch.Tensor, block_table: torch.Tensor, scale: float, block_size: int = 128,
+) -> torch.Tensor:
+    """DSASparseAttentionPaged over an FP8 latent cache: only the selected pool rows' codes, block
+    scales and RoPE channels are gathered, decoded into ``C+R``-wide float32 key rows; the values
+    are their first C channels."""
+    n_pages, page, hkv, c = k_pool.shape
+    r = k_rope_pool.shape[3]
+    n_blocks = c // block_size
+    code_rows = k_pool.reshape(n_pages * page, hkv * c)  # views of the pools: nothing copied
+    scale_rows = k_scale_pool.reshape(n_pages * page, hkv * n_blocks)
+    rope_rows = k_rope_pool.reshape(n_pages * page, hkv * r)
+
+    def read_keys(flat: torch.Tensor) -> torch.Tensor:
+        n = flat.numel()
+        nope = decode_fp8(code_rows.index_select(0, flat)).view(n, hkv, n_blocks, block_size)
+        nope = nope * scale_rows.index_select(0, flat).float().view(n, hkv, n_blocks, 1)
+        rope = rope_rows.index_select(0, flat).float().view(n, hkv, r)
+        return torch.cat((nope.view(n, hkv, c), rope), dim=2).view(n, hkv * (c + r))
+
+    return _attention_paged(q, n_pages, page, hkv, c, indices, block_table, scale, read_keys, None)
+
+
+@sparse_attention_paged_fp8.register_fake
+def _sparse_attention_paged_fp8_fake(q, k_pool, k_scale_pool, k_rope_pool, indices, block_table, scale,
+                                     block_size=128):
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], k_pool.shape[3]))
 
 
 

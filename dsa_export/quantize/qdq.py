@@ -79,6 +79,17 @@ class IndexerInputs:
     w: str
 
 
+def _indexer_inputs(node: onnx.NodeProto, name: str) -> IndexerInputs:
+    """q, k and w of an indexer node, by the contract's input names (w is input 3 of the FP8 form);
+    k is empty where the keys are stored quantized already (DSAIndexerTopKPagedFP8's uint8 codes)."""
+    from dsa_export.ops.contract import FLOAT_TYPES, OPS
+
+    inputs = OPS[node.op_type].inputs
+    k_spec = inputs[1]
+    k = node.input[1] if set(k_spec.types) <= set(FLOAT_TYPES) else ""
+    return IndexerInputs(name, node.input[0], k, node.input[[t.name for t in inputs].index("w")])
+
+
 @dataclass
 class Placement:
     """The quantization plan of one graph; ``skipped`` says why each candidate was left alone."""
@@ -99,7 +110,7 @@ class Placement:
 
     @property
     def indexer_activations(self) -> list[str]:
-        return sorted({name for ix in self.indexers for name in (ix.q, ix.k)})
+        return sorted({name for ix in self.indexers for name in (ix.q, ix.k) if name})
 
 
 def value_facts(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, list[int | None]]]:
@@ -172,8 +183,9 @@ def plan(
     for i, node in enumerate(graph.node):
         if node.domain == DOMAIN and node.op_type in SELECTING_OPS \
                 and len(node.input) >= 3:
-            placement.indexers.append(IndexerInputs(node_name(node, i), node.input[0], node.input[1], node.input[2]))
-            head_weight |= upstream_matmuls(graph, node.input[2], op_types)
+            ix = _indexer_inputs(node, node_name(node, i))
+            placement.indexers.append(ix)
+            head_weight |= upstream_matmuls(graph, ix.w, op_types)
             if keep_indexer_projections:
                 for value in node.input[:2]:
                     projections |= upstream_matmuls(graph, value, op_types)

@@ -324,10 +324,12 @@ def quantize(path: str | Path, settings: QuantizeSettings = QuantizeSettings()) 
 
     extra: dict[str, list[int]] = {}
     if recipe.quantize_indexer:
+        by_node = {ix.node: ix for ix in placement.indexers}
         for i, node in enumerate(model.graph.node):
-            if any(ix.node == (node.name or f"{node.op_type}_{i}") for ix in placement.indexers):
-                extra.setdefault(node.input[0], []).append(i)
-                extra.setdefault(node.input[1], []).append(i)
+            ix = by_node.get(node.name or f"{node.op_type}_{i}")
+            for tensor in (ix.q, ix.k) if ix is not None else ():
+                if tensor:  # an FP8 indexer's keys are quantized already (no k)
+                    extra.setdefault(tensor, []).append(i)
     _check_indexer_qdq_opset(model, recipe, placement, bool(extra))
 
     feeds: list[Feed] = []

@@ -280,10 +280,13 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
     # the plugin library loaded there are no dsa bodies to fall back to. The original path tells
     # the parser where the external data lies.
     from dsa_export.ops.onnx_ops import use_tensorrt_bodies
+    from dsa_export.ops.paged_onnx import use_fp8_cache_bodies
 
     nodes = dsa_nodes(model)
     check_plugins = library is not None and nodes > 0
-    changed = strip_dsa_functions(model) if check_plugins else use_tensorrt_bodies(model)
+    # Plugin-less ops keep their bodies; the FP8-cache ones in the form TensorRT takes (uint8 into a Cast only).
+    changed = ((bool(strip_dsa_functions(model)) | use_fp8_cache_bodies(model, "cast")) if check_plugins
+               else use_tensorrt_bodies(model))
     parsed = parser.parse(model.SerializeToString(), str(path)) if changed else parser.parse_from_file(str(path))
     if not parsed:
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
