@@ -43,6 +43,8 @@ class ModelReference:
         embed, head: whether the graph embeds token ids / applies the final norm and lm_head
             (hf only; None follows ``layers``: a whole model does both, a slice neither).
         fp8: ``keep`` or ``dequantize`` for FP8 checkpoints, empty otherwise.
+        kv_cache: ``fp8`` for a paged graph whose cache pools store FP8 (hf only), empty for caches
+            in the graph's dtype.
     """
 
     kind: str
@@ -56,6 +58,7 @@ class ModelReference:
     embed: bool | None = None
     head: bool | None = None
     fp8: str = ""
+    kv_cache: str = ""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +83,8 @@ class ModelReference:
             details.append("head")
         if self.fp8:
             details.append(f"fp8 {self.fp8}")
+        if self.kv_cache:
+            details.append(f"{self.kv_cache} caches")
         label = Path(self.path).name or self.path
         return f"hf:{label}" + (f" ({', '.join(details)})" if details else "")
 

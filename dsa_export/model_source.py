@@ -49,6 +49,9 @@ class ModelSource:
     #: Export Linear layers as Gemm(transB=1) on a 2-D view, so their weights keep the stored
     #: ``[out, in]`` layout: no transposed copy is made while exporting (or stored in the file).
     keep_weight_layout: bool = False
+    #: Inputs whose example keeps its dtype whatever the export's (an FP8 cache's float32 scales
+    #: and bf16 RoPE pools).
+    fixed_dtype_inputs: tuple[str, ...] = ()
     #: Loads the module validation runs when it is neither ``module`` nor ``reference_module``
     #: (a meta-device module's weights materialized).
     module_loader: Callable[[], Any] | None = None

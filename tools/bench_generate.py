@@ -77,10 +77,12 @@ def graph_facts(model_path: Path) -> dict:
                 experts = gate_up.dims[0] if gate_up is not None else 1
                 expert += routed - routed * (k or experts) // max(1, experts)
         active += weight_bytes(model) - expert
+        itemsize = {1: 4, 10: 2, 16: 2, 2: 1}  # float, float16, bfloat16, uint8 (FP8 codes)
         for value in model.graph.input:
             if value.name.startswith("past_"):
-                cache_width += value.type.tensor_type.shape.dim[2].dim_value
-    return {"weight_bytes": total, "active_weight_bytes": active, "cache_width": cache_width}
+                cache_width += (value.type.tensor_type.shape.dim[2].dim_value
+                                * itemsize.get(value.type.tensor_type.elem_type, 4))
+    return {"weight_bytes": total, "active_weight_bytes": active, "cache_token_bytes": cache_width}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 del session.forward
             decode_calls = steps[len(steps) - (args.new_tokens - 1):] if args.new_tokens > 1 else []  # after the prefill
             decode_step = statistics.median(decode_calls) if decode_calls else float("nan")
-            cache_bytes = b * context * facts["cache_width"] * 4
+            cache_bytes = b * context * facts["cache_token_bytes"]
             decode_bound = b / ((facts["active_weight_bytes"] + cache_bytes) / (bw * 1e9))
             topk = int(config.get("index_topk", 2048))
             heads, index_heads = int(config.get("num_attention_heads", 1)), int(config.get("index_n_heads", 1))

@@ -58,13 +58,16 @@ from dsa_export.cli.options import (
 @click.option("--graph", type=click.Choice(["decode", "paged"]), default=None,
               help="With --stages from a checkpoint: the stages' graph (default decode; paged: cache pools written "
                    "in place, ragged batches, last-token logits).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="With --graph paged: what the cache pools store (auto: the graph's dtype; fp8: FP8 values with "
+                   "float32 scales; see `dsa-export export --help`).")
 @json_options
 def command(model: str | None, output: Path, precision: str | None, backend: str, min_shapes: str | None,
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
             version_compatible: bool, hardware_compatibility: str, optimization_level: int,
             rtx_targets: tuple[str, ...], calibration_data: str | None, skip_checks: bool, no_validate: bool,
             force: bool, device: int, stage_plan: StagePlanOptions, ray_address: str | None, graph: str | None,
-            as_json: bool, json_out: Path | None) -> None:
+            kv_cache_dtype: str, as_json: bool, json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
     MODEL is what `dsa-export export` takes, or an exported .onnx (the export step is then skipped;
@@ -92,8 +95,12 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     if not staged and any(v is not None for v in (stage_plan.gpu_memory, stage_plan.gpus, stage_plan.devices,
                                                   ray_address, graph)):
         raise click.UsageError("--gpu-memory, --gpus, --devices, --ray and --graph apply to stage builds; add --stages.")
+    kv_cache = "" if kv_cache_dtype == "auto" else kv_cache_dtype
+    if kv_cache and graph != "paged":
+        raise click.UsageError("--kv-cache-dtype fp8 stores FP8 in the paged graph's cache pools; add --stages N "
+                               "--graph paged.")
     if staged:
-        _build_stages(model, output, settings, stage_plan, ray_address, graph, as_json, json_out)
+        _build_stages(model, output, settings, stage_plan, ray_address, graph, kv_cache, as_json, json_out)
         return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
     result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
@@ -102,7 +109,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
                  "steps": [vars(step) for step in result.steps], "manifest": result.manifest}, as_json, json_out)
 
 
-def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_address, graph, as_json,
+def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_address, graph, kv_cache, as_json,
                   json_out) -> None:
     import time
 
@@ -128,7 +135,7 @@ def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_add
     pipeline, outcomes, report = build_stages(
         model, output, settings, stages=count, gpu_memory=stage_plan.gpu_memory, gpus=stage_plan.gpus,
         max_batch=stage_plan.max_batch, max_seq=stage_plan.max_seq, devices=device_list, ray=ray_address, dtype=dtype,
-        graph=graph or "decode",
+        graph=graph or "decode", kv_cache=kv_cache,
         say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "

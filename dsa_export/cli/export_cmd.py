@@ -40,6 +40,11 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
                    "explicit caches concatenated each step (default with --stages), or paged: the serving step "
                    "(cache pools of 64-token pages written in place, ragged rows, chunked prefill, last-token "
                    "logits; what `generate` runs best).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="Paged graphs: what the cache pools store. auto: the graph's dtype; fp8: FlashMLA's FP8 latent "
+                   "(e4m3 values, a float32 scale per 128 channels, the RoPE channels in the graph's dtype: 656 bytes a "
+                   "token in a bf16 graph at DeepSeek-V3.2's "
+                   "widths, 1152 in bf16) and FP8 index keys with a float32 scale per token (132 bytes, 256 in bf16).")
 @click.option("--layers", type=LAYER_SPAN, default=None, metavar="A:B",
               help="Hugging Face models: export decoder layers A..B-1 only (hidden states in and out).")
 @stage_plan_options(
@@ -52,8 +57,8 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
                    "for runtimes without FP8.")
 @json_options
 def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str | None, opset: int | None,
-            graph: str | None, layers: str | None, stage_plan: StagePlanOptions, dequantize_fp8: bool, as_json: bool,
-            json_out: Path | None) -> None:
+            graph: str | None, kv_cache_dtype: str, layers: str | None, stage_plan: StagePlanOptions,
+            dequantize_fp8: bool, as_json: bool, json_out: Path | None) -> None:
     """Export MODEL to ONNX with DSA custom ops.
 
     MODEL is a built-in model name (default: tiny), path/file.py:factory, where factory()
@@ -76,8 +81,12 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         raise DSAUsageError("the output path is the checkpoint folder itself; choose another -o.")
     stages, gpu_memory, gpus = stage_plan.stages, stage_plan.gpu_memory, stage_plan.gpus
     is_hf = bool(model) and Path(model).is_dir()
-    if not is_hf and (graph or layers or dequantize_fp8 or stages is not None):
-        raise DSAUsageError("--graph, --layers, --stages and --dequantize-fp8 apply to Hugging Face model directories only.")
+    kv_cache = "" if kv_cache_dtype == "auto" else kv_cache_dtype
+    if not is_hf and (graph or layers or dequantize_fp8 or kv_cache or stages is not None):
+        raise DSAUsageError("--graph, --layers, --stages, --kv-cache-dtype and --dequantize-fp8 apply to Hugging Face "
+                            "model directories only.")
+    if kv_cache and graph != "paged":
+        raise DSAUsageError("--kv-cache-dtype fp8 stores FP8 in the paged graph's cache pools; add --graph paged.")
     if stages is None and (gpu_memory or gpus):
         raise DSAUsageError("--gpu-memory and --gpus apply to --stages only.")
     if stages is not None and layers:
@@ -95,8 +104,8 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         if output.exists() and not output.is_dir():
             raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
         check_output_path(output, "-o", folder=True, inside=True)
-        _export_stages(Path(model), output, settings, stage_plan, graph or "decode", dequantize_fp8, start, as_json,
-                       json_out)
+        _export_stages(Path(model), output, settings, stage_plan, graph or "decode", dequantize_fp8, kv_cache, start,
+                       as_json, json_out)
         return
     if output.is_dir():
         raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
@@ -110,7 +119,8 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
             span = parse_layers(layers, ckpt.num_layers) if layers else None
         except DSAUserError as exc:
             raise DSAUsageError(str(exc)) from exc
-        reference = hf_reference(ckpt, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8)
+        reference = hf_reference(ckpt, graph=graph or "prefill", layers=span, dequantize_fp8=dequantize_fp8,
+                                 kv_cache=kv_cache)
         source = hf_source(reference, batch=batch, seq_len=seq_len, seed=settings.seed, dtype=dtype, checkpoint=ckpt)
     else:
         source = resolve(model, batch=batch, seq_len=seq_len, seed=settings.seed)
@@ -134,13 +144,14 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
     emit_report(report, as_json, json_out)
 
 
-def _export_stages(model: Path, output: Path, settings, stage_plan: StagePlanOptions, graph, dequantize_fp8, start,
-                   as_json: bool, json_out: Path | None) -> None:
+def _export_stages(model: Path, output: Path, settings, stage_plan: StagePlanOptions, graph, dequantize_fp8, kv_cache,
+                   start, as_json: bool, json_out: Path | None) -> None:
     from dsa_export.stages.export import StageExportSettings, export_stages, stage_table
 
     stage_settings = StageExportSettings(stages=stage_plan.stages, gpu_memory=stage_plan.gpu_memory,
                                          gpus=stage_plan.gpus, max_batch=stage_plan.max_batch,
                                          max_seq=stage_plan.max_seq, graph=graph, dequantize_fp8=dequantize_fp8,
+                                         kv_cache=kv_cache,
                                          export=settings)
     pipeline, outcomes = export_stages(model, output, stage_settings)
     say(stage_table(outcomes), as_json)

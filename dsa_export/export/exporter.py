@@ -60,8 +60,8 @@ def _dynamic_shapes(inputs: dict, axes: dict[str, dict[int, str]] | None = None)
     return shapes
 
 
-def _cast_inputs(inputs: dict, dtype) -> dict:
-    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+def _cast_inputs(inputs: dict, dtype, fixed: tuple[str, ...] = ()) -> dict:
+    return {k: (v.to(dtype) if v.is_floating_point() and k not in fixed else v) for k, v in inputs.items()}
 
 
 def _on_meta(module) -> bool:
@@ -99,7 +99,7 @@ def _run_torch_export(source: ModelSource, settings: ExportSettings):
 
     dtype = getattr(torch, DTYPES[settings.dtype])
     module = source.module.to(dtype) if source.cast else source.module
-    inputs = _cast_inputs(source.example_inputs, dtype)
+    inputs = _cast_inputs(source.example_inputs, dtype, source.fixed_dtype_inputs)
     if _on_meta(module):
         # Weights without data: trace on the meta device too; the exporter never needs values.
         inputs = {k: v.to("meta") for k, v in inputs.items()}

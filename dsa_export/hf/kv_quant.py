@@ -9,9 +9,14 @@
 :func:`encode_latent` / :func:`encode_index_keys` return the stored parts; :func:`decode_latent`
 / :func:`decode_index_keys` the float32 values a kernel computes with; the ``*_roundtrip``
 functions do both (what a cache written then read gives back), which is how
-``tools/fp8_cache_accuracy.py`` measures the encodings' effect on a model. The paged graph does
-not store these encodings yet: ONNX's ScatterND takes no FP8 tensors, so FP8 pools need the
-plugin kernels (their own issue).
+``tools/fp8_cache_accuracy.py`` measures the encodings' effect on a model.
+
+The paged graph stores them (``--kv-cache-dtype fp8``) as separate pools of the same bytes per
+token: the FP8 values as uint8 bit patterns (ONNX's ScatterND and Gather take no float8 tensors),
+the float32 scales, and the RoPE channels in the graph's dtype (bf16 for the real checkpoints). :func:`fp8_codes` computes the bit patterns with
+arithmetic that exports to standard ONNX ops (no bit cast exists before opset 26), bit-equal to
+torch's ``float8_e4m3fn`` conversion; :func:`latent_codes` / :func:`index_key_codes` are the
+encodings in that form, as the graph writes them.
 """
 
 from __future__ import annotations
@@ -77,6 +82,50 @@ def bf16_roundtrip(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(x.dtype)
 
 
+def fp8_codes(x: torch.Tensor) -> torch.Tensor:
+    """uint8 FP8 e4m3fn bit patterns of ``x`` (float32, within +-448 after scaling; larger
+    magnitudes saturate to 448): round to nearest even, as ``x.to(torch.float8_e4m3fn)``, but
+    from exportable arithmetic. A magnitude ``a`` with exponent ``e = max(floor(log2 a), -6)`` has
+    quantum ``2^(e-3)``; ``n = round(a / quantum)`` (exact division, ties to even) gives the
+    magnitude bits ``(e + 6) * 8 + n`` (n = 16 carries into the next exponent, e = -6 covers the
+    subnormals). Negative values set bit 7 (-0.0 gives 0, not 0x80: both decode to zero)."""
+    x = x.float()
+    a = x.abs().clamp(max=E4M3_MAX)
+    floor = a.clamp(min=2.0**-6)
+    e = torch.floor(torch.log2(floor))
+    # log2 may land a hair off at exact powers of two: step e so that 2^e <= a < 2^(e+1).
+    e = torch.where(torch.pow(2.0, e) > floor, e - 1, e)
+    e = torch.where(torch.pow(2.0, e + 1) <= floor, e + 1, e)
+    n = torch.round(a / torch.pow(2.0, e - 3))
+    magnitude = (e + 6) * 8 + n
+    return (magnitude + torch.where(x < 0, 128.0, 0.0)).to(torch.uint8)
+
+
+def _block_scales(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x divided by its scales, float32 scales ``[..., C/block]``): ``amax / 448`` per block."""
+    shape = x.shape
+    groups = x.float().reshape(*shape[:-1], shape[-1] // block, block)
+    scale = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12) / E4M3_MAX
+    return (groups / scale).reshape(shape), scale.squeeze(-1)
+
+
+def latent_codes(latent: torch.Tensor, rope_dim: int, block: int = LATENT_BLOCK
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 FP8 codes ``[..., C]``, float32 scales ``[..., C/block]``, rope ``[..., rope_dim]`` in
+    ``latent``'s dtype) of ``latent [..., C + rope_dim]``: :func:`encode_latent` as the paged graph
+    stores it (the RoPE channels stay in the graph's dtype: bf16 for the real checkpoints, as
+    FlashMLA keeps them)."""
+    nope, rope = latent[..., :-rope_dim], latent[..., -rope_dim:]
+    scaled, scale = _block_scales(nope, block)
+    return fp8_codes(scaled), scale, rope
+
+
+def index_key_codes(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 FP8 codes ``[..., D]``, float32 scale ``[..., 1]``): one scale per token."""
+    scaled, scale = _block_scales(keys, keys.shape[-1])
+    return fp8_codes(scaled), scale
+
+
 def latent_bytes_per_token(kv_lora_rank: int = 512, rope_dim: int = 64) -> int:
     return kv_lora_rank + 4 * (kv_lora_rank // LATENT_BLOCK) + 2 * rope_dim
 
@@ -86,4 +135,5 @@ def index_key_bytes_per_token(index_head_dim: int = 128) -> int:
 
 
 __all__ = ["E4M3_MAX", "bf16_roundtrip", "decode_index_keys", "decode_latent", "encode_index_keys", "encode_latent",
-           "index_key_bytes_per_token", "index_keys_roundtrip", "latent_bytes_per_token", "latent_roundtrip"]
+           "fp8_codes", "index_key_bytes_per_token", "index_key_codes", "index_keys_roundtrip", "latent_bytes_per_token",
+           "latent_codes", "latent_roundtrip"]

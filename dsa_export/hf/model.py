@@ -44,18 +44,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dsa_export.errors import DSAUserError
+from dsa_export.hf.kv_quant import index_key_codes, latent_codes
 from dsa_export.hf.weights import FP8Linear, linear_weight
 from dsa_export.ops import (
     dsa_indexer_topk,
     dsa_indexer_topk_paged,
+    dsa_indexer_topk_paged_fp8,
     dsa_sparse_attention,
     dsa_sparse_attention_paged,
+    dsa_sparse_attention_paged_fp8,
 )
 
 #: Tokens per cache page of the paged graph (FlashMLA's and vLLM's MLA page).
 PAGE_SIZE = 64
 #: Inputs of the paged graph that say where each row's tokens go (besides input_ids / hidden_states).
 PAGED_CONTROLS = ("query_start", "query_lengths", "block_table")
+#: Prefixes of a paged graph's cache pools: fed in, and returned with the call's tokens written.
+PAST, PRESENT = "past_", "present_"
 
 
 def route_experts(hf_model) -> None:
@@ -73,12 +79,14 @@ def route_experts(hf_model) -> None:
 
 class DSAExportModel(nn.Module):
     def __init__(self, hf_model, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
-                 embed: bool | None = None, head: bool | None = None):
+                 embed: bool | None = None, head: bool | None = None, kv_cache: str = ""):
         super().__init__()
         cfg = hf_model.config
         self.hf = hf_model
         self.model_type = cfg.model_type
         self.graph = graph
+        self.kv_cache = check_kv_cache(kv_cache, graph)
+        self.latent_block = latent_block(cfg.kv_lora_rank)
         n = cfg.num_hidden_layers
         self.start, self.stop = layers if layers is not None else (0, n)
         if not 0 <= self.start < self.stop <= n:
@@ -120,10 +128,7 @@ class DSAExportModel(nn.Module):
         if self.needs_prev_indices:
             names.append("prev_topk_indices")
         if self.graph == "paged":
-            for i in self.layer_ids:
-                names.append(f"past_latent_pool_{i}")
-                if self.indexer_types[i] == "full":
-                    names.append(f"past_index_key_pool_{i}")
+            names += [PAST + pool for pool in self.pool_names()]
         elif self.graph == "decode":
             for i in self.layer_ids:
                 names.append(f"past_latent_{i}")
@@ -136,16 +141,41 @@ class DSAExportModel(nn.Module):
         if self.emits_indices:
             names.append("topk_indices")
         if self.graph == "paged":
-            for i in self.layer_ids:
-                names.append(f"present_latent_pool_{i}")
-                if self.indexer_types[i] == "full":
-                    names.append(f"present_index_key_pool_{i}")
+            names += [PRESENT + pool for pool in self.pool_names()]
         elif self.graph == "decode":
             for i in self.layer_ids:
                 names.append(f"present_latent_{i}")
                 if self.indexer_types[i] == "full":
                     names.append(f"present_index_keys_{i}")
         return names
+
+    def pool_names(self) -> list[str]:
+        """The paged graph's cache pools, without the ``past_`` / ``present_`` prefix, in order: per
+        layer the latent pool (+ its scale and RoPE pools with FP8 caches) and, for full indexer
+        layers, the index-key pool (+ its scale pool)."""
+        latent = ("latent_pool", "latent_scale_pool", "latent_rope_pool") if self.kv_cache == "fp8" else ("latent_pool",)
+        keys = ("index_key_pool", "index_key_scale_pool") if self.kv_cache == "fp8" else ("index_key_pool",)
+        names = []
+        for i in self.layer_ids:
+            names += [f"{name}_{i}" for name in latent]
+            if self.indexer_types[i] == "full":
+                names += [f"{name}_{i}" for name in keys]
+        return names
+
+    def pool_shapes(self, pages: int) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        """Each pool's ``[pages, PAGE_SIZE, width]`` and dtype (None: the graph's dtype)."""
+        cfg = self.hf.config
+        c, rope, d = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.index_head_dim
+        widths = {"latent_pool": (c, torch.uint8) if self.kv_cache == "fp8" else (c + rope, None),
+                  "latent_scale_pool": (c // self.latent_block, torch.float32),
+                  "latent_rope_pool": (rope, None),
+                  "index_key_pool": (d, torch.uint8 if self.kv_cache == "fp8" else None),
+                  "index_key_scale_pool": (1, torch.float32)}
+        shapes = {}
+        for name in self.pool_names():
+            width, dtype = widths[name.rsplit("_", 1)[0]]
+            shapes[name] = ((pages, PAGE_SIZE, width), dtype)
+        return shapes
 
     # -- the computation -------------------------------------------------------------------------
     def _indexer(self, indexer, x, q_resid, cos, sin, past_keys, lengths, paged=None):
@@ -163,11 +193,17 @@ class DSAExportModel(nn.Module):
         # transformers keeps weights_proj in float32 and computes the head weights there.
         wp_dtype = torch.float32 if isinstance(indexer.weights_proj, FP8Linear) else indexer.weights_proj.weight.dtype
         w = indexer.weights_proj(x.to(wp_dtype)).float() * indexer.n_heads**-0.5
+        if paged is not None and self.kv_cache == "fp8":
+            codes, key_scale = index_key_codes(k_new)
+            pools = (paged.write(past_keys[0], codes), paged.write(past_keys[1], key_scale))
+            indices = dsa_indexer_topk_paged_fp8(q, *pools, w, paged.block_table, paged.query_start, paged.lengths,
+                                                 topk=indexer.index_topk, scale=indexer.softmax_scale)
+            return indices, pools
         if paged is not None:
             pool = paged.write(past_keys, k_new)
             indices = dsa_indexer_topk_paged(q, pool, w, paged.block_table, paged.query_start, paged.lengths,
                                              topk=indexer.index_topk, scale=indexer.softmax_scale)
-            return indices, pool
+            return indices, (pool,)
         keys = k_new if past_keys is None else torch.cat([past_keys, k_new], dim=1)
         indices = dsa_indexer_topk(q, keys, w, lengths, topk=indexer.index_topk, scale=indexer.softmax_scale)
         return indices, k_new
@@ -183,8 +219,13 @@ class DSAExportModel(nn.Module):
         kv_pass = attn.kv_a_layernorm(kv_pass)
         q_rot, k_rot = self.apply_rope_interleave(q_rot, k_rot.unsqueeze(2), cos, sin, unsqueeze_dim=2)
         latent_new = torch.cat([kv_pass, k_rot.squeeze(2)], dim=-1)  # [B,S,C+rope]: what the cache holds
-        if paged is not None:
-            latent = paged.write(past_latent, latent_new)  # the pool with this call's tokens
+        if paged is not None and self.kv_cache == "fp8":
+            # FlashMLA's FP8 token: codes, a scale per block of channels, RoPE (bf16 in a bf16
+            # graph), each in its pool.
+            parts = latent_codes(latent_new, rope, self.latent_block)
+            latent = tuple(paged.write(pool, part) for pool, part in zip(past_latent, parts))
+        elif paged is not None:
+            latent = (paged.write(past_latent, latent_new),)  # the pool with this call's tokens
         else:
             latent = latent_new if past_latent is None else torch.cat([past_latent, latent_new], dim=1)
 
@@ -201,8 +242,12 @@ class DSAExportModel(nn.Module):
         q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B,S,H,C]
         q_full = torch.cat([q_lat, q_rot], dim=-1)
         # The values are the first kv_lora_rank channels of the latent keys: gathered once.
-        if paged is not None:
-            out = dsa_sparse_attention_paged(q_full, latent[:, :, None], None, indices, paged.block_table,
+        if paged is not None and self.kv_cache == "fp8":
+            codes, latent_scale, rope_part = (pool[:, :, None] for pool in latent)
+            out = dsa_sparse_attention_paged_fp8(q_full, codes, latent_scale, rope_part, indices, paged.block_table,
+                                                 scale=attn.scaling, block_size=self.latent_block)
+        elif paged is not None:
+            out = dsa_sparse_attention_paged(q_full, latent[0][:, :, None], None, indices, paged.block_table,
                                              scale=attn.scaling, v_head_dim=c)
         else:
             out = dsa_sparse_attention(q_full, latent[:, :, None], None, indices, scale=attn.scaling, v_head_dim=c)
@@ -230,22 +275,24 @@ class DSAExportModel(nn.Module):
             position_ids = (torch.arange(s, device=x.device) + past_len).unsqueeze(0).expand(b, -1)
         cos, sin = model.rotary_emb(x, position_ids=position_ids)
 
-        pool = "_pool" if paged is not None else ""
         prev = feed.get("prev_topk_indices")
         presents = []
         for i in self.layer_ids:
             layer = model.layers[i]
-            past_keys = feed.get(f"past_index_key_pool_{i}" if paged is not None else f"past_index_keys_{i}")
+            if paged is not None:
+                past_latent = self._pools(feed, ("latent_pool", "latent_scale_pool", "latent_rope_pool"), i)
+                past_keys = self._pools(feed, ("index_key_pool", "index_key_scale_pool"), i)
+            else:
+                past_latent, past_keys = feed.get(f"past_latent_{i}"), feed.get(f"past_index_keys_{i}")
             attn_out, prev, latent, index_keys = self._attention(
-                layer.self_attn, layer.input_layernorm(x), cos, sin, feed.get(f"past_latent{pool}_{i}"),
-                past_keys, lengths, prev, paged,
+                layer.self_attn, layer.input_layernorm(x), cos, sin, past_latent, past_keys, lengths, prev, paged,
             )
             x = x + attn_out
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if paged is not None:
-                presents.append(latent)
+                presents.extend(latent)
                 if index_keys is not None:
-                    presents.append(index_keys)
+                    presents.extend(index_keys)
             elif self.graph == "decode":
                 presents.append(latent)
                 if index_keys is not None:  # shared layers keep no indexer cache of their own
@@ -260,6 +307,35 @@ class DSAExportModel(nn.Module):
         if self.emits_indices:
             outputs.append(prev)
         return tuple(outputs + presents)
+
+
+    def _pools(self, feed: dict[str, torch.Tensor], names: tuple[str, ...], layer: int):
+        """Layer ``layer``'s past pools of kind ``names`` (the first alone without FP8 caches; None
+        when the layer has none)."""
+        pools = tuple(feed[PAST + f"{name}_{layer}"] for name in names if PAST + f"{name}_{layer}" in feed)
+        if not pools:
+            return None
+        return pools if self.kv_cache == "fp8" else pools[0]
+
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def latent_block(kv_lora_rank: int) -> int:
+    """Channels per scale of an FP8 latent cache: FlashMLA's 128, or the whole latent when it is
+    narrower (test models)."""
+    return 128 if kv_lora_rank % 128 == 0 else kv_lora_rank
+
+
+def check_kv_cache(kv_cache: str, graph: str) -> str:
+    """``"fp8"`` or ``""`` (caches in the graph's dtype); refuses FP8 caches outside paged graphs."""
+    if kv_cache in ("", "auto", None):
+        return ""
+    if kv_cache not in KV_CACHE_DTYPES:
+        raise DSAUserError(f"kv cache dtype '{kv_cache}' is unknown; use one of {', '.join(KV_CACHE_DTYPES)}.")
+    if graph != "paged":
+        raise DSAUserError("FP8 caches (--kv-cache-dtype fp8) are stored in the paged graph's pools; add --graph paged.")
+    return kv_cache
 
 
 class PagedStep:

@@ -394,9 +394,22 @@ def weights_from_headers(g: Geometry, shards: list[Path] | dict[Path, dict], dty
 
 # -- caches and activations ------------------------------------------------------------------------
 
+#: ``cache_bytes`` of FP8 caches (``--kv-cache-dtype fp8``): not one size per value, see layer_cache_bytes.
+FP8_CACHE = 0
+
+
 def layer_cache_bytes(g: Geometry, i: int, batch: int, seq: int, cache_bytes: int) -> int:
-    """Decode cache of one layer: the MLA latent plus, on layers with their own indexer, the indexer keys."""
-    per_token = g.kv_lora + g.rope + (g.index_dim if g.indexer_types[i] == "full" else 0)
+    """Decode cache of one layer: the MLA latent plus, on layers with their own indexer, the indexer keys.
+
+    ``cache_bytes`` per value, or :data:`FP8_CACHE`: the FP8 encodings of
+    :mod:`dsa_export.hf.kv_quant` (latent: a byte per value, a float32 scale per 128 values, bf16
+    RoPE; index keys: a byte per value and a float32 scale)."""
+    full = g.indexer_types[i] == "full"
+    if cache_bytes == FP8_CACHE:
+        block = 128 if g.kv_lora % 128 == 0 else g.kv_lora
+        per_token = g.kv_lora + 4 * (g.kv_lora // block) + 2 * g.rope + ((g.index_dim + 4) if full else 0)
+        return batch * seq * per_token
+    per_token = g.kv_lora + g.rope + (g.index_dim if full else 0)
     return batch * seq * per_token * cache_bytes
 
 

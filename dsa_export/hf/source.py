@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dsa_export.errors import DSAUserError
-from dsa_export.hf.model import PAGE_SIZE
+from dsa_export.hf.model import PAGE_SIZE, check_kv_cache
 from dsa_export.model_ref import ModelReference
 from dsa_export.model_source import ModelSource
 
@@ -54,8 +54,22 @@ def open_checkpoint(path):
     return path if isinstance(path, HFCheckpoint) else inspect_checkpoint(path)
 
 
+def example_pool(shape: tuple[int, ...], dtype: torch.dtype | None, gen: torch.Generator) -> torch.Tensor:
+    """Random contents of a cache pool: floats (float32 where the graph's dtype applies), valid FP8
+    codes for uint8 pools, positive scales for float32 scale pools."""
+    from dsa_export.hf.kv_quant import fp8_codes
+
+    values = torch.randn(*shape, generator=gen)
+    if dtype == torch.uint8:
+        return fp8_codes(values * 100)
+    if dtype == torch.float32:
+        return values.abs() * 0.01 + 1e-3
+    return values if dtype is None else values.to(dtype)
+
+
 def hf_reference(path, *, graph: str = "prefill", layers: tuple[int, int] | None = None,
-                 embed: bool | None = None, head: bool | None = None, dequantize_fp8: bool = False) -> ModelReference:
+                 embed: bool | None = None, head: bool | None = None, dequantize_fp8: bool = False,
+                 kv_cache: str = "") -> ModelReference:
     """The typed record of a checkpoint directory (or of an opened
     :class:`~dsa_export.hf.loader.HFCheckpoint`, whose files are not read again) and the graph to
     cut from it."""
@@ -70,9 +84,10 @@ def hf_reference(path, *, graph: str = "prefill", layers: tuple[int, int] | None
     fp8 = ("dequantize" if dequantize_fp8 else "keep") if ckpt.fp8 else ""
     if dequantize_fp8 and not ckpt.fp8:
         raise DSAUserError(f"'{path}' stores no FP8 weights; drop --dequantize-fp8.")
+    kv_cache = check_kv_cache(kv_cache, graph)
     return ModelReference(
         "hf", path=str(Path(path).resolve()), sha256=ckpt.config_sha256, weights_sha256=ckpt.weights.fingerprint(),
-        graph=graph, layers=layers, embed=embed, head=head, fp8=fp8,
+        graph=graph, layers=layers, embed=embed, head=head, fp8=fp8, kv_cache=kv_cache,
     )
 
 
@@ -162,7 +177,7 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
     fp8_mode = reference.fp8 or "dequantize"
     model = build_meta_model(ckpt.config, weights, dtype=_TORCH_DTYPES[dtype], fp8=fp8_mode)
     wrapper = DSAExportModel(model, graph=reference.graph, layers=reference.layers, embed=reference.embed,
-                             head=reference.head)
+                             head=reference.head, kv_cache=reference.kv_cache)
     cfg = model.config
     block = checkpoint_block_size(ckpt.config)
     graph = reference.graph
@@ -186,11 +201,10 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
             pos = torch.arange(s)[:, None] - torch.arange(cfg.index_topk)[None, :]
             feed["prev_topk_indices"] = torch.where(pos >= 0, pos, -1).to(torch.int32).expand(b, -1, -1).contiguous()
         pages = int(feed["block_table"].max()) + 1 if graph == "paged" else 0
+        pools = wrapper.pool_shapes(pages) if graph == "paged" else {}
         for name in wrapper.input_names():
-            if name.startswith("past_latent_pool_"):
-                feed[name] = torch.randn(pages, PAGE_SIZE, cfg.kv_lora_rank + cfg.qk_rope_head_dim, generator=gen)
-            elif name.startswith("past_index_key_pool_"):
-                feed[name] = torch.randn(pages, PAGE_SIZE, cfg.index_head_dim, generator=gen)
+            if name[len("past_"):] in pools:
+                feed[name] = example_pool(*pools[name[len("past_"):]], gen)
             elif name.startswith("past_latent_"):
                 feed[name] = torch.randn(b, p, cfg.kv_lora_rank + cfg.qk_rope_head_dim, generator=gen)
             elif name.startswith("past_index_keys_"):
@@ -227,7 +241,7 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         materialize(real, module_names(wrapper.start, wrapper.stop, embed=wrapper.embed, head=wrapper.head),
                     weights, block)
         return DSAExportModel(real, graph=graph, layers=reference.layers, embed=reference.embed,
-                              head=reference.head).eval()
+                              head=reference.head, kv_cache=reference.kv_cache).eval()
 
     return ModelSource(
         reference=reference,
@@ -242,6 +256,8 @@ def hf_source(reference: ModelReference, *, batch: int = 2, seq_len: int = 16, s
         # tested against transformers' generate).
         reference_loader=load_transformers if graph == "prefill" else None,
         make_inputs=make_inputs,
+        fixed_dtype_inputs=tuple("past_" + name for name, (_, pool_dtype) in wrapper.pool_shapes(1).items()
+                                 if pool_dtype == torch.float32) if graph == "paged" else (),
         weights=CheckpointWeights(wrapper.hf, weights, block),
         cast=False,
         keep_weight_layout=True,

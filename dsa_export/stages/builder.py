@@ -157,7 +157,7 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                  gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
                  max_seq: int = DEFAULT_MAX_SEQ,
                  devices: Sequence[int] | None = None, ray: str | None = None, dtype: str | None = None,
-                 graph: str = "decode", say: Callable[[str], None] = print
+                 graph: str = "decode", kv_cache: str = "", say: Callable[[str], None] = print
                  ) -> tuple[Pipeline, list[StageBuildOutcome], PipelineReport | None]:
     """Export (from an HF directory, ``graph`` decode or paged) and build every stage of ``model``
     into ``output``. An int8/fp8 build also returns its whole-pipeline accuracy report
@@ -190,7 +190,7 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         say(f"Exporting the stages of {model} into {export_folder} ...")
         exported, _ = export_stages(model, export_folder, StageExportSettings(
             stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch, max_seq=max_seq, graph=graph,
-            dequantize_fp8=dequantize, export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
+            dequantize_fp8=dequantize, kv_cache=kv_cache, export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
     else:
         raise DSAUserError(f"{model} is neither a Hugging Face checkpoint directory nor a stage export folder "
                            "(no config.json, no pipeline.json).")

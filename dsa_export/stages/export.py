@@ -45,6 +45,7 @@ class StageExportSettings:
         max_batch, max_seq: the profile maximum the caches and activations are planned for.
         graph: ``prefill`` or ``decode``.
         dequantize_fp8: write FP8 checkpoints' weights dequantized (in ``export.dtype``).
+        kv_cache: ``fp8`` for FP8 cache pools (paged graphs), empty for the graph's dtype.
         export: settings of each stage's export.
     """
 
@@ -55,6 +56,7 @@ class StageExportSettings:
     max_seq: int = DEFAULT_MAX_SEQ
     graph: str = "prefill"
     dequantize_fp8: bool = False
+    kv_cache: str = ""
     export: ExportSettings = field(default_factory=ExportSettings)
 
 
@@ -131,7 +133,7 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
     plan = plan_stages(ckpt, gpu_memory_bytes=settings.gpu_memory if explicit else 1 << 60,
                        stages=settings.stages, gpus=settings.gpus, max_batch=settings.max_batch,
                        max_seq=settings.max_seq, dtype=settings.export.dtype if settings.dequantize_fp8 or not ckpt.fp8
-                       else None, strict=explicit)
+                       else None, cache_dtype=settings.kv_cache or None, strict=explicit)
     if settings.stages == "auto" and not explicit:
         raise DSAUserError("--stages auto needs --gpu-memory (e.g. 141GiB) to know what fits; pass it, or a stage "
                            "count such as --stages 4.")
@@ -175,7 +177,7 @@ def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSet
             log.warning("ignoring the existing %s (%s)", out_dir / PIPELINE_NAME, exc)
     checkpoint = ckpt.weights
     n = ckpt.num_layers
-    whole = hf_reference(ckpt, graph=settings.graph, dequantize_fp8=settings.dequantize_fp8)
+    whole = hf_reference(ckpt, graph=settings.graph, dequantize_fp8=settings.dequantize_fp8, kv_cache=settings.kv_cache)
     stages: list[StageFiles] = []
     outcomes: list[StageOutcome] = []
     plan_data = json.loads(plan.to_json())
@@ -187,7 +189,7 @@ def _export_stages(checkpoint_dir: Path, out_dir: Path, settings: StageExportSet
         start, stop = stage_plan.start, stage_plan.stop
         embed, head = start == 0, stop == n
         reference = hf_reference(ckpt, graph=settings.graph, layers=(start, stop), embed=embed, head=head,
-                                 dequantize_fp8=settings.dequantize_fp8)
+                                 dequantize_fp8=settings.dequantize_fp8, kv_cache=settings.kv_cache)
         key = hashlib.sha256(json.dumps({"reference": reference.to_json(), "settings": settings_record,
                                          "tool": __version__}, sort_keys=True).encode()).hexdigest()
         folder = _stage_dir(stage_plan.index)

@@ -26,6 +26,7 @@ from dsa_export.hf.sizes import (  # noqa: F401  (re-exported: the planner's pub
     DEFAULT_MAX_SEQ,
     DEFAULT_RESERVE_BYTES,
     DTYPE_BYTES,
+    FP8_CACHE,
     GIB,
     Geometry,
     LayerCosts,
@@ -261,8 +262,8 @@ def plan_stages(
             hold ``max_seq`` tokens per row and activations are those of a ``max_seq``-token prefill.
         dtype: ``fp32``/``fp16``/``bf16`` as an export with ``--dtype`` writes it; None keeps the
             checkpoint's precision (FP8 with block scales stays FP8).
-        cache_dtype: dtype of the decode caches; None follows the activations (bf16 for FP8 and
-            bf16 checkpoints).
+        cache_dtype: dtype of the decode caches (``fp8``: the paged graph's FP8 pools); None
+            follows the activations (bf16 for FP8 and bf16 checkpoints).
         reserve_bytes: fixed per-GPU reserve for the CUDA/TensorRT context and workspaces.
         strict: raise when a requested stage count does not fit; False returns the plan with
             ``fits`` False on the stages that do not.
@@ -280,8 +281,8 @@ def plan_stages(
     reserve = parse_size(reserve_bytes, "reserve", allow_zero=True)
     if dtype is not None and dtype not in DTYPE_BYTES:
         raise DSAUsageError(f"dtype '{dtype}' is not one of {', '.join(DTYPE_BYTES)} (or None to keep the checkpoint's).")
-    if cache_dtype is not None and cache_dtype not in DTYPE_BYTES:
-        raise DSAUsageError(f"cache dtype '{cache_dtype}' is not one of {', '.join(DTYPE_BYTES)}.")
+    if cache_dtype is not None and cache_dtype not in (*DTYPE_BYTES, "fp8"):
+        raise DSAUsageError(f"cache dtype '{cache_dtype}' is not one of {', '.join(DTYPE_BYTES)}, fp8.")
     if max_batch < 1 or max_seq < 1:
         raise DSAUsageError("max batch and max sequence length must be at least 1.")
     if gpus is not None and gpus < 1:
@@ -300,7 +301,8 @@ def plan_stages(
     act_dtype = dtype or ("bf16" if g.fp8 else g.storage_dtype)
     cache_dtype = cache_dtype or act_dtype
     costs = layer_costs(g, weights, batch=max_batch, seq=max_seq, act_bytes=DTYPE_BYTES[act_dtype],
-                        cache_bytes=DTYPE_BYTES[cache_dtype], reserve_bytes=reserve)
+                        cache_bytes=FP8_CACHE if cache_dtype == "fp8" else DTYPE_BYTES[cache_dtype],
+                        reserve_bytes=reserve)
     table = _cost_table(costs)
     n = g.layers
 
