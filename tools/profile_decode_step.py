@@ -50,6 +50,17 @@ def _session(path: Path, threads: int | None, folder: Path, tag: str):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def _pool(rng, spec, pages: int) -> np.ndarray:
+    """Random contents of a float32 pool, or of an FP8 cache's pools (``--kv-cache-dtype fp8``):
+    finite e4m3 codes (uint8, never 0x7F/0xFF) and positive float32 scales."""
+    shape = (pages, PAGE, spec.shape[2])
+    if spec.type == "tensor(uint8)":
+        return (rng.integers(0, 0x7F, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
+    if "scale_pool" in spec.name:
+        return (rng.random(shape) * 0.01 + 1e-3).astype(np.float32)
+    return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+
 def _node_events(profile: Path, runs: int) -> list[list[dict]]:
     """The node events of the last ``runs`` model runs, one list per run."""
     events = json.loads(profile.read_text())
@@ -96,7 +107,7 @@ def profile_paged(path: Path, batch: int, past: int, steps: int, threads: int | 
     host, values = {}, {}
     for name, spec in inputs.items():
         if name.startswith("past_"):
-            host[name] = (rng.standard_normal((pages, PAGE, spec.shape[2])) * 0.1).astype(np.float32)
+            host[name] = _pool(rng, spec, pages)
             values[name] = ort.OrtValue.ortvalue_from_numpy(host[name])
     pointers = {name: value.data_ptr() for name, value in values.items()}
     vocab = 1000
@@ -133,9 +144,9 @@ def profile_paged(path: Path, batch: int, past: int, steps: int, threads: int | 
     for node in graph.node:
         if node.op_type == "ScatterND" and node.input[0] in values:
             width = inputs[node.input[0]].shape[2]
-            in_place_bytes[node.name] = batch * width * 4  # the updates only: one token per row
+            in_place_bytes[node.name] = batch * width * host[node.input[0]].itemsize  # one token per row
     return {"graph": str(path), "batch": batch, "past": past,
-            "cache_bytes": int(sum(batch * (past + 1) * inputs[n].shape[2] * 4 for n in values)),
+            "cache_bytes": int(sum(batch * (past + 1) * inputs[n].shape[2] * host[n].itemsize for n in values)),
             "in_place_verified": True, **_summary(_node_events(profile, steps), in_place_bytes)}
 
 

@@ -153,6 +153,13 @@ def build_one_stage(settings: BuildSettings) -> list[str]:
     return [name for name in (engine, "onnxruntime" if manifest.get("onnxruntime") else None) if name]
 
 
+def _check_fp8_pool_backend(settings: BuildSettings) -> None:
+    if settings.backend != "onnxruntime":
+        raise DSAUsageError("FP8 cache pools (--kv-cache-dtype fp8) cannot be built into a TensorRT engine yet (it "
+                            "takes no uint8 tensors inside a network; the in-place FP8 write needs the kernels' "
+                            "plugin): build the stages with --backend onnxruntime.")
+
+
 def build_stages(model: str | Path, output: str | Path, settings: BuildSettings, *, stages: str | int | None = None,
                  gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
                  max_seq: int = DEFAULT_MAX_SEQ,
@@ -167,6 +174,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
     from dsa_export.stages.export import StageExportSettings, export_stages
 
     model, output = Path(model), Path(output)
+    if kv_cache == "fp8":
+        _check_fp8_pool_backend(settings)
     if output.exists() and not output.is_dir():
         raise DSAUsageError(f"-o '{output}' is a file; -o takes a folder to build the stages into.")
     if output.is_dir() and any(output.iterdir()) and not (output / PIPELINE_NAME).is_file() and not settings.force:
@@ -194,6 +203,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
     else:
         raise DSAUserError(f"{model} is neither a Hugging Face checkpoint directory nor a stage export folder "
                            "(no config.json, no pipeline.json).")
+    if any(spec.dtype == "uint8" and "_pool_" in spec.name for stage in exported.stages for spec in stage.inputs):
+        _check_fp8_pool_backend(settings)
     if exported.graph not in ("decode", "paged"):
         raise DSAUserError(f"the stages in {export_folder} are {exported.graph} graphs; a stage build needs decode or "
                            "paged graphs (export them with --graph paged), so that generation can keep caches.")

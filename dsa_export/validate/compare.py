@@ -360,6 +360,13 @@ class _Validation:
         default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(self.dtype, DEFAULT_TOLERANCES["fp32"])
         self.atol = default_atol if settings.atol is None else settings.atol
         self.rtol = default_rtol if settings.rtol is None else settings.rtol
+        if any(o.name.startswith("present_") and o.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+               for o in model.graph.output):
+            # FP8 cache pools (uint8 e4m3 codes): a cached value the two runtimes compute a last bit
+            # apart may sit on an FP8 rounding midpoint and round to the neighbouring code, which
+            # moves every output that reads it by up to one e4m3 step (2^-3 relative) while the bulk
+            # stays equal: judged on the median error, as low-precision files are.
+            default_stat = "median"
         self.error_stat = settings.error_stat or default_stat
         self.tie_rtol = DEFAULT_TIE_RTOL.get(self.dtype, 1e-4) if settings.tie_rtol is None else settings.tie_rtol
         if self.error_stat not in ERROR_STATS:
@@ -510,8 +517,6 @@ class _Validation:
         (_, torch_iters), (_, ort_iters) = results[0], results[1]
         selections = selection_outputs(self.model)
         canonicalize_selections(results, selections)
-        for expected, actual in zip(torch_iters, ort_iters):
-            _accept_neighbouring_codes(expected, actual)
         for k, (expected, actual) in enumerate(zip(torch_iters, ort_iters)):
             if excluded[k] is not None and excluded[k].any():
                 for name in self.output_names:
@@ -591,21 +596,6 @@ def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int, feed: dict | N
     if past and shape[1] == past + mask.shape[1]:
         return np.concatenate([np.zeros((mask.shape[0], past), dtype=bool), mask], axis=1)
     return None
-
-
-def _accept_neighbouring_codes(expected, actual) -> None:
-    """FP8 cache pools (``present_*`` uint8 outputs hold e4m3 bit patterns): a value the two
-    runtimes compute a last bit apart may sit on an FP8 rounding midpoint and round to the next
-    code, so neighbouring codes (one step of e4m3 apart) count as equal; any other difference is
-    judged as usual."""
-    for name in list(actual.keys()):
-        ours = np.asarray(actual[name])
-        if not name.startswith("present_") or ours.dtype != np.uint8 or name not in expected:
-            continue
-        ref = np.asarray(expected[name])
-        if ref.shape == ours.shape:
-            step = np.abs(ours.astype(np.int16) - ref.astype(np.int16)) <= 1
-            actual[name] = np.where(step, ref, ours)
 
 
 def _pool_mask(mask: np.ndarray, shape: tuple[int, ...], past: int, table: np.ndarray) -> np.ndarray | None:

@@ -118,6 +118,11 @@ def test_onnx_runtime_equals_the_torch_module_with_fp8_caches(exports, kind):
 
     report = validate_onnx(exports[kind][0], ValidationSettings(seq_lens=(16, 80)))
     assert report.passed, report
+    # Judged on the median error: a cached value on an FP8 rounding midpoint may take the
+    # neighbouring code in one runtime (measured: a GLM-5 stage at 256 tokens moved a few hidden
+    # values by 3e-4 through one such code); every selection still matches exactly.
+    assert report.error_stat == "median"
+    assert all(c.overlap == 1.0 for rows in report.selections.values() for c in rows)
 
 
 def _open(path):
@@ -205,14 +210,13 @@ def test_fp8_caches_need_the_paged_graph(checkpoints, tmp_path, args, message):
     assert result.exit_code == 2 and "Hugging Face model directories only" in result.output
 
 
-def test_validation_takes_neighbouring_fp8_codes_as_equal():
-    # A value on an FP8 rounding midpoint may round either way when two runtimes compute it a
-    # last bit apart: one code step is accepted in an FP8 pool, two are not, and float outputs
-    # are left alone.
-    from dsa_export.validate.compare import _accept_neighbouring_codes
+def test_a_tensorrt_build_of_fp8_pools_is_refused_before_anything_is_exported(checkpoints, tmp_path):
+    # TensorRT takes no uint8 tensors inside a network (the pools' in-place write): the stage
+    # build says to use ONNX Runtime, and writes nothing.
+    from tests.stages.test_session import _cli
 
-    ref = {"present_latent_pool_0": np.array([10, 20, 30, 127], np.uint8), "logits": np.zeros(2, np.float32)}
-    ours = {"present_latent_pool_0": np.array([11, 20, 32, 126], np.uint8), "logits": np.ones(2, np.float32)}
-    _accept_neighbouring_codes(ref, ours)
-    assert ours["present_latent_pool_0"].tolist() == [10, 20, 32, 127]
-    assert ours["logits"].tolist() == [1.0, 1.0]
+    out = tmp_path / "build"
+    result = _cli("build", checkpoints["glm_moe_dsa"], "--stages", 2, "--graph", "paged", "--kv-cache-dtype", "fp8",
+                  "-o", out)
+    assert result.exit_code == 2 and "--backend onnxruntime" in result.output and "Traceback" not in result.output
+    assert not out.exists()
