@@ -196,6 +196,16 @@ _PAGED_DOC = (
     "entry outside [0,P) makes its page's keys invalid. Indices are logical positions."
 )
 
+#: Inputs and outputs every paged op (or every paged indexer) shares.
+_BLOCK_TABLE = OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row.")
+_QUERY_START = OpTensor("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query.")
+_LENGTHS = OpTensor("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b]).")
+_INDEXER_Q = OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries.")
+_INDEXER_W = OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
+                      doc="Per-head weights of each query (float32, or q's dtype).")
+_SELECTION = OpTensor("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded.")
+_PAGED_INDICES = OpTensor("indices", "[B,S,topk]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded.")
+
 INDEXER_TOPK_PAGED = OpSpec(
     output_dims=_sizes.selection_dims, workspace_bytes=_sizes.indexer_paged_bytes, selects=True,
     name="DSAIndexerTopKPaged",
@@ -209,16 +219,11 @@ INDEXER_TOPK_PAGED = OpSpec(
         "position, -1 in the remaining slots; order within a row is unspecified." + _PAGED_DOC
     ),
     inputs=(
-        OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        _INDEXER_Q,
         OpTensor("k_pool", "[P,page,D]", FLOAT_TYPES, doc="Pool of indexer-key pages (q's dtype)."),
-        OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
-                   doc="Per-head weights of each query (float32, or q's dtype)."),
-        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
-        OpTensor("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
-        OpTensor("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
+        _INDEXER_W, _BLOCK_TABLE, _QUERY_START, _LENGTHS,
     ),
-    outputs=(OpTensor("indices", "[B,S,topk]", ("tensor(int32)",),
-                        doc="Selected logical key positions, -1 padded."),),
+    outputs=(_PAGED_INDICES,),
     attributes=(
         AttrSpec("topk", "int", None, "Number of keys to select per query."),
         AttrSpec("scale", "float", None, "Scale inside the ReLU (index_head_dim ** -0.5)."),
@@ -246,8 +251,7 @@ SPARSE_ATTENTION_PAGED = OpSpec(
         OpTensor("k_pool", "[P,page,Hkv,Dk]", FLOAT_TYPES, doc="Pool of key pages."),
         OpTensor("v_pool", "[P,page,Hkv,Dv] or [0,page,Hkv,Dv]", FLOAT_TYPES,
                    doc="Pool of value pages, or no pages: the values are then the first Dv channels of the keys."),
-        OpTensor("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
-        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        _SELECTION, _BLOCK_TABLE,
     ),
     outputs=(OpTensor("out", "[B,S,H,Dv]", FLOAT_TYPES),),
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
@@ -274,18 +278,13 @@ INDEXER_TOPK_PAGED_FP8 = OpSpec(
         "DSAIndexerTopKPaged's on those keys." + _FP8_CACHE_DOC + _PAGED_DOC
     ),
     inputs=(
-        OpTensor("q", "[B,S,H_I,D]", FLOAT_TYPES, doc="Indexer queries."),
+        _INDEXER_Q,
         OpTensor("k_pool", "[P,page,D]", UINT8_TYPES, doc="Pool of indexer-key pages: e4m3fn bit patterns."),
         OpTensor("k_scale_pool", "[P,page,1]", ("tensor(float)",), type_var="TS",
                    doc="Scale of each pool slot's key (key = decode(code) * scale)."),
-        OpTensor("w", "[B,S,H_I]", FLOAT_TYPES, type_var="TW",
-                   doc="Per-head weights of each query (float32, or q's dtype)."),
-        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
-        OpTensor("query_start", "[B]", ("tensor(int32)",), doc="Logical position of each row's first query."),
-        OpTensor("lengths", "[B]", ("tensor(int32)",), doc="Valid keys per row (logical positions < lengths[b])."),
+        _INDEXER_W, _BLOCK_TABLE, _QUERY_START, _LENGTHS,
     ),
-    outputs=(OpTensor("indices", "[B,S,topk]", ("tensor(int32)",),
-                        doc="Selected logical key positions, -1 padded."),),
+    outputs=(_PAGED_INDICES,),
     attributes=INDEXER_TOPK_PAGED.attributes,
     has_plugin=False,
 )
@@ -312,8 +311,7 @@ SPARSE_ATTENTION_PAGED_FP8 = OpSpec(
                    doc="One scale per block_size channels of each pool slot's codes."),
         OpTensor("k_rope_pool", "[P,page,Hkv,R]", FLOAT_TYPES, type_var="TR",
                    doc="The R RoPE channels of each pool slot, unquantized (bfloat16 in serving)."),
-        OpTensor("indices", "[B,S,K]", ("tensor(int32)",), doc="Selected logical key positions, -1 padded."),
-        OpTensor("block_table", "[B,M]", ("tensor(int32)",), doc="Page of each block of page positions, per row."),
+        _SELECTION, _BLOCK_TABLE,
     ),
     outputs=(OpTensor("out", "[B,S,H,C]", FLOAT_TYPES),),
     attributes=(
