@@ -60,7 +60,8 @@ from dsa_export.cli.options import (
                    "in place, ragged batches, last-token logits).")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="With --graph paged: what the cache pools store (auto: the graph's dtype; fp8: FP8 values with "
-                   "float32 scales; see `dsa-export export --help`).")
+                   "float32 scales; see `dsa-export export --help`); fp8 builds need --backend onnxruntime until TensorRT "
+                   "gets the FP8 cache plugin.")
 @json_options
 def command(model: str | None, output: Path, precision: str | None, backend: str, min_shapes: str | None,
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
