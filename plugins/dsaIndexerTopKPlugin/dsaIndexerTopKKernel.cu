@@ -20,7 +20,8 @@
  * the lower key index, as the CPU reference does), each at its block-wide rank in key order: the
  * keys above the k-th score in ascending key index, then the selected ties in ascending key index,
  * so the order of a row's indices depends only on the inputs. Histograms live in shared memory with
- * warp-aggregated atomics (__match_any_sync), so rows full of equal scores stay fast.
+ * warp-aggregated atomics (__match_any_sync), so rows full of equal scores stay fast; warp 0 finds
+ * the bin of the k-th key with a __shfl_up_sync prefix scan over the 256 bins (8 per lane).
  *
  * Workspace: rows * T * 4 bytes, rows = min(B*S, 256 MiB / (4T)) by default; the launcher walks
  * the (b, s) rows in chunks of whatever fits in the workspace it is given.
@@ -139,13 +140,21 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
     T const* k = static_cast<T const*>(p.k);
     TW const* w = static_cast<TW const*>(p.w);
     int const chunks = d / 8;
+    // Rows of query slots without scores to compute (sLim == 0: past the chunk's last query row,
+    // as in the QB - 1 empty slots at decode, or a row that needs no select) are not staged: their
+    // m-tiles are skipped below, so nothing reads them. Padding heads (h >= H) of a live query are
+    // zero-filled, since they share its m-tiles.
     for (int i = tid; i < rows * chunks; i += kIX_THREADS)
     {
         int const r = i / chunks;
         int const cc = i - r * chunks;
         int const qi = r / hp;
         int const h = r - qi * hp;
-        bool const valid = h < p.H && sLim[qi] > 0;
+        if (sLim[qi] == 0)
+        {
+            continue;
+        }
+        bool const valid = h < p.H;
         T const* src = valid ? q + ((b * p.S + sBase + qi) * p.H + h) * p.D + cc * 8 : q;
         mma::cpAsync16(sQ + r * ldq + cc * 8, src, valid);
     }
@@ -153,8 +162,11 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
     {
         int const qi = r / hp;
         int const h = r - qi * hp;
-        bool const valid = h < p.H && sLim[qi] > 0;
-        sW[r] = valid ? toFloat(w[(b * p.S + sBase + qi) * p.H + h]) : 0.F;
+        if (sLim[qi] == 0)
+        {
+            continue;
+        }
+        sW[r] = h < p.H ? toFloat(w[(b * p.S + sBase + qi) * p.H + h]) : 0.F;
     }
 
     T const* kBatch = k + b * p.T * p.D;
@@ -174,10 +186,18 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
     loadKeys(tBeg, 0);
     mma::cpAsyncCommit();
 
-    int const mt0 = warp;
+    // Warp w owns m-tiles w and w + 8 and computes those whose query has scores to produce. An
+    // m-tile never spans two queries (hp is a multiple of 16), so a query slot is skipped by whole
+    // m-tiles and the fragments of the computed ones are unchanged. At decode (S = 1, one live
+    // slot of QB) this computes ceil16(H) / 16 m-tiles instead of all QB * ceil16(H) / 16 (4 of 16
+    // for 64 heads). mt0 is the first tile the warp computes (has0), mt1 the second (has1: both live).
+    int const mtPerQuery = hp / 16;
+    bool const live0 = warp < mTiles && sLim[warp / mtPerQuery] > 0;
+    bool const live1 = warp + 8 < mTiles && sLim[(warp + 8) / mtPerQuery] > 0;
+    bool const has0 = live0 || live1;
+    bool const has1 = live0 && live1;
+    int const mt0 = live0 ? warp : warp + 8;
     int const mt1 = warp + 8;
-    bool const has0 = mt0 < mTiles;
-    bool const has1 = mt1 < mTiles;
     float const scale = p.scale;
 
     for (int64_t tile = 0; tile < nTiles; ++tile)
@@ -270,7 +290,7 @@ __global__ void __launch_bounds__(kIX_THREADS) indexerLogitsMmaKernel(IndexerTop
         __syncthreads();
         // A query's m-tiles (hp / 16 of them) are summed in ascending order, so its scores have the
         // same bits on every run (shared-memory float atomics would add them in arrival order).
-        int const mtPerQuery = hp / 16;
+        // Queries with sLim == 0 (whose m-tiles were skipped) read nothing here.
         for (int i = tid; i < qb * BN; i += kIX_THREADS)
         {
             int const qi = i / BN;
@@ -394,21 +414,46 @@ __global__ void __launch_bounds__(kTOPK_THREADS) indexerTopKSelectKernel(Indexer
             }
         }
         __syncthreads();
-        if (tid == 0)
+        if (warp == 0)
         {
-            int64_t const need = sRemaining;
-            int64_t above = 0;
-            for (int bin = 255; bin >= 0; --bin)
+            // The bin of the k-th largest key: scanning down from bin 255, the first bin whose count
+            // brings the keys at or above it to `need`, i.e. the one bin with
+            // above(bin) < need <= above(bin) + hist[bin], above(bin) = the keys in higher bins.
+            // Warp 0 finds it in parallel: lane l owns the 8 bins 255 - 8l down to 248 - 8l, an
+            // inclusive prefix sum of the lanes' totals (__shfl_up_sync, lanes in descending bin
+            // order) gives each lane the keys above its first bin, and the lane holding the crossing
+            // walks its 8 bins. Counts stay below n < 2^31 (checked by the launcher).
+            uint32_t const need = static_cast<uint32_t>(sRemaining);
+            int const hi = 255 - 8 * lane;
+            uint32_t cnt[8];
+            uint32_t laneTotal = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
             {
-                int64_t const cnt = sHist[bin];
-                if (above + cnt >= need)
+                cnt[i] = sHist[hi - i];
+                laneTotal += cnt[i];
+            }
+            uint32_t inclusive = laneTotal;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1)
+            {
+                uint32_t const other = __shfl_up_sync(0xffffffffU, inclusive, off);
+                inclusive += lane >= off ? other : 0U;
+            }
+            uint32_t above = inclusive - laneTotal;
+            if (above < need && need <= inclusive)
+            {
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
                 {
-                    sPrefix = prefix | (static_cast<uint32_t>(bin) << shift);
-                    sMask = mask | (255U << shift);
-                    sRemaining = need - above;
-                    break;
+                    if (above < need && need <= above + cnt[i])
+                    {
+                        sPrefix = prefix | (static_cast<uint32_t>(hi - i) << shift);
+                        sMask = mask | (255U << shift);
+                        sRemaining = need - above;
+                    }
+                    above += cnt[i];
                 }
-                above += cnt;
             }
         }
         __syncthreads();

@@ -113,17 +113,32 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
         mma::cpAsync16(sQ + r * ldq + cc * 8, q + static_cast<int64_t>(r) * dk + cc * 8);
     }
 
+    // Called by every thread (the conditions around each call are uniform), so it may hold a barrier.
     auto loadTile = [&](int64_t tile, int buf) {
         int64_t const j0 = tile * BN;
         T* kS = sK + buf * BN * ldk;
         T* vS = sV + buf * BN * ldv;
+        int* idxS = sIdx + buf * BN;
+        // Each of the tile's indices is read from global memory once per CTA, checked once (-1 when
+        // invalid) and kept in sIdx, where the K and V copies below and the masking of the scores
+        // read it. (The copies used to __ldg it again for every 16-byte chunk of the K and V rows.)
+        // The barrier publishes sIdx to the threads that copy other rows, and it keeps the copies into
+        // buffer buf behind every warp's reads of it in the tile that used it last (write after read;
+        // the iteration has no barrier of its own at its end). sIdx[buf] itself was last read for
+        // the masking, before the barrier that follows the P store.
+        for (int r = threadIdx.x; r < BN; r += NTHREADS)
+        {
+            int64_t const j = j0 + r;
+            int const t = j < p.K ? __ldg(idx + j) : -1;
+            idxS[r] = (t >= 0 && t < p.T) ? t : -1;
+        }
+        __syncthreads();
         for (int i = threadIdx.x; i < BN * kChunks; i += NTHREADS)
         {
             int const r = i / kChunks;
             int const cc = i - r * kChunks;
-            int64_t const j = j0 + r;
-            int const t = j < p.K ? __ldg(idx + j) : -1;
-            bool const valid = t >= 0 && t < p.T;
+            int const t = idxS[r];
+            bool const valid = t >= 0;
             T const* src = valid ? kBase + static_cast<int64_t>(t) * kRowStride + cc * 8 : kBase;
             mma::cpAsync16(kS + r * ldk + cc * 8, src, valid);
         }
@@ -131,17 +146,10 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
         {
             int const r = i / vChunks;
             int const cc = i - r * vChunks;
-            int64_t const j = j0 + r;
-            int const t = j < p.K ? __ldg(idx + j) : -1;
-            bool const valid = t >= 0 && t < p.T;
+            int const t = idxS[r];
+            bool const valid = t >= 0;
             T const* src = valid ? vBase + static_cast<int64_t>(t) * vRowStride + cc * 8 : vBase;
             mma::cpAsync16(vS + r * ldv + cc * 8, src, valid);
-        }
-        for (int r = threadIdx.x; r < BN; r += NTHREADS)
-        {
-            int64_t const j = j0 + r;
-            int const t = j < p.K ? __ldg(idx + j) : -1;
-            sIdx[buf * BN + r] = (t >= 0 && t < p.T) ? t : -1;
         }
     };
 
@@ -279,7 +287,11 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
                 mma::mma16816<T>(o[nt + 1], a, bf[2], bf[3]);
             }
         }
-        __syncthreads();
+        // No barrier here: the barrier inside loadTile (before its copies) is what keeps the next
+        // refill of a K/V buffer behind every warp's last read of it, and a next iteration without a
+        // refill starts with the barrier after its wait. sIdx, sMax and sP were last read before the
+        // barrier that follows the P store. So a tile costs as many barriers as when every copy
+        // loaded its own index.
         if (stages == 1 && tile + 1 < nTiles)
         {
             loadTile(tile + 1, 0);

@@ -363,6 +363,8 @@ SMALL_CASES: list[Case] = [
     Case("ix-T-lt-topk", "indexer", indexer_case(2, 6, 40, 16, 64, 64)),
     Case("ix-S-gt-T", "indexer", indexer_case(1, 10, 6, 16, 64, 4)),
     Case("ix-decode-S1", "indexer", indexer_case(2, 1, 700, 16, 64, 256, w_dtype="fp32")),
+    # 64 heads: QB = 4 query slots per logits CTA, of which decode fills one (the other m-tiles are skipped).
+    Case("ix-decode-S1-H64", "indexer", indexer_case(2, 1, 300, 64, 64, 48, w_dtype="fp32")),
     Case("ix-multi-slice-T", "indexer", indexer_case(1, 2, 2300, 16, 64, 100, w_dtype="fp32")),
     Case("ix-small-workspace", "indexer", indexer_case(2, 7, 160, 16, 64, 24, workspace_rows=3)),
     Case("ix-exact-ties", "indexer", indexer_exact_ties),
