@@ -182,9 +182,10 @@ def use_tensorrt_bodies(model) -> bool:
     parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call this before parsing)."""
     from dsa_export.ops.attention_onnx import use_attention_body
     from dsa_export.ops.moe_onnx import use_fp8_body
-    from dsa_export.ops.paged_onnx import use_fp8_cache_bodies
+    from dsa_export.ops.paged_onnx import use_fp8_cache_bodies, use_whole_row_indexer
 
     swapped = use_attention_body(model, "static")
+    swapped = use_whole_row_indexer(model) or swapped
     swapped = use_fp8_cache_bodies(model, "cast") or swapped
     return use_fp8_body(model, "stack") or swapped
 

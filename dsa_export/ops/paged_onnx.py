@@ -63,13 +63,29 @@ def _dims(b: Body, *scalars: str) -> str:
     return b("Concat", *(_one_d(b, x) for x in scalars), axis=0)
 
 
-def indexer_paged_function(opset: int) -> FunctionProto:
-    """Body of DSAIndexerTopKPaged."""
+def indexer_paged_function(opset: int, spans: bool = True) -> FunctionProto:
+    """Body of DSAIndexerTopKPaged; ``spans=False``: the form TensorRT(-RTX) builds (see
+    :func:`use_whole_row_indexer`)."""
     return _indexer_paged(INDEXER_TOPK_PAGED, Body("idxp"), opset, "k_pool",
-                          lambda u, page_ids: u("Cast", u("Gather", "k_pool", page_ids, axis=0), to=F32))
+                          lambda u, page_ids: u("Cast", u("Gather", "k_pool", page_ids, axis=0), to=F32), spans)
 
 
-def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages) -> FunctionProto:
+def use_whole_row_indexer(model) -> bool:
+    """Replace, in place, ``model``'s DSAIndexerTopKPaged body with the one that gathers each
+    row's pages once per chunk of queries, without the nested Loop over key spans: TensorRT-RTX
+    1.7's Myelin compiler fails on the nested Loop in Q/DQ stage graphs ("gvn.cpp:325:
+    CHECK(graph().ssa_validation()) failed", a paged fp8 stage build); TensorRT's own buffers
+    are its business, so the whole-row gather costs nothing there that ONNX Runtime pays for."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    swapped = False
+    for i, fn in enumerate(model.functions):
+        if fn.domain == DOMAIN and fn.name == INDEXER_TOPK_PAGED.name:
+            model.functions[i].CopyFrom(indexer_paged_function(opset, spans=False))
+            swapped = True
+    return swapped
+
+
+def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages, spans: bool = True) -> FunctionProto:
     """The paged indexer body; ``read_pages(u, page_ids [B,span]) -> [B,span,page,D]`` float32 keys
     of those pages, built in the key span's graph ``u``; ``pool`` is the [P,page,D] tensor whose
     shape gives the pages' size."""
@@ -117,6 +133,26 @@ def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages) -> Function
     row = _chunk_rows(t, iteration, rows, offsets, last_row)  # [rows]
     q_c = t("Gather", q_scaled, row, axis=1)  # [B,rows,H,D]
     w_c = t("Unsqueeze", t("Gather", wf, row, axis=1), t.const([3]))  # [B,rows,H,1]
+    if spans:
+        scores = _span_scores(t, read_pages, pages, q_c, w_c, span, span_pages, last_block, span_keys, key_trips,
+                              batch, rows, t_len)
+    else:  # every page of the rows at once (the TensorRT form)
+        keys = t("Reshape", read_pages(t, pages), _dims(t, batch, t.const(1), t_len, dim), allowzero=1)
+        product = t("MatMul", keys, t("Transpose", q_c, perm=[0, 1, 3, 2]))  # [B,rows,T,H]
+        scores = t("Squeeze", t("MatMul", t("Relu", product), w_c), t.const([3]))  # [B,rows,T]
+    position = t("Unsqueeze", t("Add", first, t("Unsqueeze", row, t.const([0]))), t.const([2]))  # [B,rows,1]
+    causal_ok = t("LessOrEqual", key_pos3, position)  # [B,rows,T]
+    allowed = t("And", t("Or", causal_ok, not_causal), selectable)
+    chosen = _chunk_topk(t, allowed, scores, neg_inf, pad, topk_1d)
+    stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
+    _unchunk(b, stacked, 3, s_len)
+    b.rename_last("indices")
+    return _function(spec, b, opset)
+
+
+def _span_scores(t: Body, read_pages, pages, q_c, w_c, span, span_pages, last_block, span_keys, key_trips, batch,
+                 rows, t_len) -> str:
+    """[B,rows,T] scores of one chunk of queries, the keys read a span of pages at a time."""
     u = t.child("keys")
     j, key_cond = f"{u.prefix}_j", f"{u.prefix}_cond"
     # Transposed in the span's own graph, where ONNX Runtime fuses it into the product.
@@ -127,16 +163,8 @@ def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages) -> Function
     part = u("Squeeze", u("MatMul", u("Relu", u("MatMul", keys, q_t)), w_c), u.const([3]))  # [B,rows,span*page]
     per_span = _loop(t, u, j, key_cond, part, F32, 3, key_trips)  # [trips',B,rows,span*page]
     moved = t("Transpose", per_span, perm=[1, 2, 0, 3])
-    scores = t("Slice", t("Reshape", moved, _dims(t, batch, rows, t.const(-1)), allowzero=0), t.const([0]),
-               _one_d(t, t_len), t.const([2]))  # [B,rows,T]
-    position = t("Unsqueeze", t("Add", first, t("Unsqueeze", row, t.const([0]))), t.const([2]))  # [B,rows,1]
-    causal_ok = t("LessOrEqual", key_pos3, position)  # [B,rows,T]
-    allowed = t("And", t("Or", causal_ok, not_causal), selectable)
-    chosen = _chunk_topk(t, allowed, scores, neg_inf, pad, topk_1d)
-    stacked = _loop(b, t, iteration, cond, chosen, I32, 3, trips)
-    _unchunk(b, stacked, 3, s_len)
-    b.rename_last("indices")
-    return _function(spec, b, opset)
+    return t("Slice", t("Reshape", moved, _dims(t, batch, rows, t.const(-1)), allowzero=0), t.const([0]),
+             _one_d(t, t_len), t.const([2]))  # [B,rows,T]
 
 
 def sparse_attention_paged_function(opset: int) -> FunctionProto:
