@@ -17,7 +17,8 @@ from dsa_export.plugins.library import require_library
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ABI_VERSION = 4  # 3: dsa_sparse_attention takes a NULL v as values from keys; 4: dsa_block_sparse_attention
+ABI_VERSION = 5  # 3: dsa_sparse_attention takes a NULL v as values from keys; 4: dsa_block_sparse_attention;
+#                  5: the serving kernels (paged caches, FP8 caches, split-KV decode, sampling)
 
 #: Kernel families of ``dsa_moe_experts`` (``dsa_moe_experts_path``'s codes).
 MOE_PATHS = {0: "generic", 1: "tensor-core-16", 2: "tensor-core-64", 3: "tensor-core-128"}

@@ -55,8 +55,9 @@ typedef enum
  * dsa_sparse_attention takes v == NULL (with T > 0) as values from keys; every signature and every
  * call that was valid before are unchanged (v == NULL with T > 0 used to be an error). Version 4
  * added dsa_block_sparse_attention and dsa_block_sparse_attention_path; the version-3 entry points
- * are unchanged. */
-#define DSA_KERNELS_ABI_VERSION 4
+ * are unchanged. Version 5 added the serving kernels (entry points listed below under "ABI 5"); the
+ * version-4 entry points are unchanged. */
+#define DSA_KERNELS_ABI_VERSION 5
 DSA_API int32_t dsa_kernels_abi_version(void);
 
 /* Human-readable name of a status code. */
@@ -170,6 +171,14 @@ DSA_API int32_t dsa_sparse_attention_path(
     int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int32_t dtype);
 DSA_API int32_t dsa_indexer_topk_path(int64_t H, int64_t D, int32_t dtype);
 DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t block_size, int32_t dtype);
+
+/* ---- ABI 5: serving kernels ------------------------------------------------------------------ */
+
+/* -- paged sparse attention (float pools, FP8 latent), split-KV decode -- */
+
+/* -- paged indexer + top-k (float pools, FP8 keys) -- */
+
+/* -- sampling -- */
 
 #ifdef __cplusplus
 }

@@ -422,4 +422,13 @@ REAL_WIDTH_CASES: list[Case] = [
     Case("rw-bs-h16-d128-bs64", "block-sparse", block_sparse_case(1, 256, 1024, 16, 1, 128, 128, 64, 4, True, "bf16")),
 ]
 
+# Kernel families added since ABI 5 keep their cases in their own modules (each imports Case and the
+# helpers above, which exist by the time these imports run).
+from . import cases_paged_attention, cases_paged_indexer, cases_sampling  # noqa: E402
+
+for _family in (cases_paged_attention, cases_paged_indexer, cases_sampling):
+    SMALL_CASES += _family.SMALL_CASES
+    REAL_WIDTH_CASES += _family.REAL_WIDTH_CASES
+
 CASES = {c.name: c for c in SMALL_CASES + REAL_WIDTH_CASES}
+assert len(CASES) == len(SMALL_CASES) + len(REAL_WIDTH_CASES), "two cases share a name"

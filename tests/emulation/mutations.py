@@ -81,4 +81,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "some threads count experts before others have cleared the histogram"),
 )
 
+# Kernel families added since ABI 5 keep their injected bugs in their own modules.
+from . import mutations_paged_attention, mutations_paged_indexer, mutations_sampling  # noqa: E402
+
+MUTANTS = MUTANTS + mutations_paged_attention.MUTANTS + mutations_paged_indexer.MUTANTS + mutations_sampling.MUTANTS
+
 MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}
+assert len(MUTANTS_BY_NAME) == len(MUTANTS), "two injected bugs share a name"

@@ -1,0 +1,13 @@
+"""Emulator cases of the indexer + top-k over paged index-key caches (float pools and FP8 keys with one scale per token).
+
+Each case is a function of (kernels, seed), as in cases.py, checked against the float64 references.
+"""
+
+from __future__ import annotations
+
+from .cases import Case
+
+SMALL_CASES: list[Case] = []
+
+#: DeepSeek-V3.2 widths (a command, not a CI test).
+REAL_WIDTH_CASES: list[Case] = []
