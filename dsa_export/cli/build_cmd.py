@@ -96,10 +96,9 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     if not staged and any(v is not None for v in (stage_plan.gpu_memory, stage_plan.gpus, stage_plan.devices,
                                                   ray_address, graph)):
         raise click.UsageError("--gpu-memory, --gpus, --devices, --ray and --graph apply to stage builds; add --stages.")
-    kv_cache = "" if kv_cache_dtype == "auto" else kv_cache_dtype
-    if kv_cache and graph != "paged":
-        raise click.UsageError("--kv-cache-dtype fp8 stores FP8 in the paged graph's cache pools; add --stages N "
-                               "--graph paged.")
+    from dsa_export.hf.model import check_kv_cache
+
+    kv_cache = check_kv_cache(kv_cache_dtype, graph, fix="add --stages N --graph paged")
     if staged:
         _build_stages(model, output, settings, stage_plan, ray_address, graph, kv_cache, as_json, json_out)
         return

@@ -81,12 +81,12 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         raise DSAUsageError("the output path is the checkpoint folder itself; choose another -o.")
     stages, gpu_memory, gpus = stage_plan.stages, stage_plan.gpu_memory, stage_plan.gpus
     is_hf = bool(model) and Path(model).is_dir()
-    kv_cache = "" if kv_cache_dtype == "auto" else kv_cache_dtype
-    if not is_hf and (graph or layers or dequantize_fp8 or kv_cache or stages is not None):
+    if not is_hf and (graph or layers or dequantize_fp8 or kv_cache_dtype != "auto" or stages is not None):
         raise DSAUsageError("--graph, --layers, --stages, --kv-cache-dtype and --dequantize-fp8 apply to Hugging Face "
                             "model directories only.")
-    if kv_cache and graph != "paged":
-        raise DSAUsageError("--kv-cache-dtype fp8 stores FP8 in the paged graph's cache pools; add --graph paged.")
+    from dsa_export.hf.model import check_kv_cache
+
+    kv_cache = check_kv_cache(kv_cache_dtype, graph)
     if stages is None and (gpu_memory or gpus):
         raise DSAUsageError("--gpu-memory and --gpus apply to --stages only.")
     if stages is not None and layers:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dsa_export.errors import DSAUserError
+from dsa_export.errors import DSAUsageError, DSAUserError
 from dsa_export.hf.kv_quant import index_key_codes, latent_codes
 from dsa_export.hf.weights import FP8Linear, linear_weight
 from dsa_export.ops import (
@@ -327,14 +327,15 @@ def latent_block(kv_lora_rank: int) -> int:
     return 128 if kv_lora_rank % 128 == 0 else kv_lora_rank
 
 
-def check_kv_cache(kv_cache: str, graph: str) -> str:
-    """``"fp8"`` or ``""`` (caches in the graph's dtype); refuses FP8 caches outside paged graphs."""
+def check_kv_cache(kv_cache: str | None, graph: str | None, *, fix: str = "add --graph paged") -> str:
+    """``"fp8"`` or ``""`` (caches in the graph's dtype, also for ``"auto"``); refuses FP8 caches
+    outside paged graphs (a usage error: the options contradict each other; ``fix`` says what to add)."""
     if kv_cache in ("", "auto", None):
         return ""
     if kv_cache not in KV_CACHE_DTYPES:
-        raise DSAUserError(f"kv cache dtype '{kv_cache}' is unknown; use one of {', '.join(KV_CACHE_DTYPES)}.")
+        raise DSAUsageError(f"kv cache dtype '{kv_cache}' is unknown; use one of auto, {', '.join(KV_CACHE_DTYPES)}.")
     if graph != "paged":
-        raise DSAUserError("FP8 caches (--kv-cache-dtype fp8) are stored in the paged graph's pools; add --graph paged.")
+        raise DSAUsageError(f"FP8 caches (--kv-cache-dtype fp8) are stored in the paged graph's pools; {fix}.")
     return kv_cache
 
 

@@ -208,6 +208,9 @@ def test_fp8_caches_need_the_paged_graph(checkpoints, tmp_path, args, message):
     assert not (tmp_path / "m.onnx").exists()
     result = _cli("export", "tiny", "--kv-cache-dtype", "fp8", "-o", tmp_path / "m.onnx")
     assert result.exit_code == 2 and "Hugging Face model directories only" in result.output
+    result = _cli("build", checkpoints["deepseek_v32"], *args, "-o", tmp_path / "b")
+    assert result.exit_code == 2 and "add --stages" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "b").exists()
 
 
 def test_a_tensorrt_build_of_fp8_pools_is_refused_before_anything_is_exported(checkpoints, tmp_path):
