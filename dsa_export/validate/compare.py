@@ -360,12 +360,14 @@ class _Validation:
         default_atol, default_rtol, default_stat = DEFAULT_TOLERANCES.get(self.dtype, DEFAULT_TOLERANCES["fp32"])
         self.atol = default_atol if settings.atol is None else settings.atol
         self.rtol = default_rtol if settings.rtol is None else settings.rtol
-        if any(o.name.startswith("present_") and o.type.tensor_type.elem_type == onnx.TensorProto.UINT8
-               for o in model.graph.output):
+        self.fp8_pools = [o.name for o in model.graph.output
+                          if o.name.startswith("present_") and o.type.tensor_type.elem_type == onnx.TensorProto.UINT8]
+        if self.fp8_pools and not any(n.domain == "dsa" and n.op_type in INDEXER_OPS for n in model.graph.node):
             # FP8 cache pools (uint8 e4m3 codes): a cached value the two runtimes compute a last bit
             # apart may sit on an FP8 rounding midpoint and round to the neighbouring code, which
-            # moves every output that reads it by up to one e4m3 step (2^-3 relative) while the bulk
-            # stays equal: judged on the median error, as low-precision files are.
+            # moves every output that reads it by up to one e4m3 step (2^-3 relative). With an
+            # indexer the queries that read such a code are found and left out (_code_flips);
+            # without one, there is no selection to follow: judged on the median error.
             default_stat = "median"
         self.error_stat = settings.error_stat or default_stat
         self.tie_rtol = DEFAULT_TIE_RTOL.get(self.dtype, 1e-4) if settings.tie_rtol is None else settings.tie_rtol
@@ -469,7 +471,7 @@ class _Validation:
             excluded: list[np.ndarray | None] = [None] * len(feeds)
             past = [0] * len(feeds)
             if runners.select:
-                self.judge_selections(results[1][1], runners, feeds, report, excluded, past)
+                self.judge_selections(results, runners, feeds, report, excluded, past)
             self._exclude(results, excluded, past, feeds)
             compare = SimpleCompareFunc(atol=self.atol, rtol=self.rtol, check_error_stat=self.error_stat)
             report.passed = bool(Comparator.compare_accuracy(results, compare_func=compare))
@@ -491,10 +493,12 @@ class _Validation:
                 raise
             raise mapped from exc
 
-    def judge_selections(self, ort_iters, runners: _Runners, feeds: list[dict], report: ValidationReport,
+    def judge_selections(self, results, runners: _Runners, feeds: list[dict], report: ValidationReport,
                          excluded: list, past: list[int]) -> None:
         """Compare every indexer's selection with the reference's, per sequence length; fills
-        ``excluded`` (near-tie positions) and ``past`` per feed."""
+        ``excluded`` (near-tie positions, and the queries that wrote or read an FP8 code the two
+        runtimes rounded to neighbouring values) and ``past`` per feed."""
+        (_, torch_iters), (_, ort_iters) = results[0], results[1]
         for k, (seq_len, feed, outputs) in enumerate(zip(self.settings.seq_lens, feeds, ort_iters)):
             ours = [np.asarray(outputs[name]) for name in runners.index_names]
             for name in runners.index_names:
@@ -505,8 +509,10 @@ class _Validation:
             if len(layers) != len(ours):
                 raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
             lengths, past[k] = _selection_lengths(feed, ours)
+            flips = _code_flips(torch_iters[k], outputs, self.fp8_pools, layers, feed, past[k],
+                                ours[0].shape[:2]) if self.fp8_pools and ours else {}
             classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths,
-                                                      tie_rtol=self.tie_rtol, past=past[k])
+                                                      tie_rtol=self.tie_rtol, past=past[k], flipped=flips)
             report.selections[seq_len] = classified
             report.topk_overlap[seq_len] = {c.layer: c.overlap for c in classified}
             excluded[k] = diverged
@@ -596,6 +602,48 @@ def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int, feed: dict | N
     if past and shape[1] == past + mask.shape[1]:
         return np.concatenate([np.zeros((mask.shape[0], past), dtype=bool), mask], axis=1)
     return None
+
+
+def _code_flips(expected, actual, pools: list[str], layers: list[int], feed: dict, past: int,
+                queries: tuple[int, int]) -> dict[int, np.ndarray]:
+    """``{indexer layer: [B,S] queries}`` whose entry of an FP8 cache pool (``present_*`` uint8
+    e4m3 codes) holds a neighbouring code in the two runtimes: a value one of them computed a last
+    bit apart sat on an FP8 rounding midpoint. The queries that read such an entry are expected to
+    move by up to one e4m3 step of that value; compare_selections treats the writer as diverged
+    from that layer on, so its readers are left out of the strict comparison. A pool of layer ``l``
+    is counted at the last full indexer layer ``<= l`` (the selection layer ``l`` reads). Codes
+    further apart are not flips: they stay in the comparison and fail it."""
+    if "block_table" not in feed:
+        return {}
+    table = np.asarray(feed["block_table"])
+    full = sorted({int(name.rsplit("_", 1)[1]) for name in expected.keys()
+                   if name.startswith("present_index_key_pool_")})
+    if len(full) != len(layers):
+        return {}
+    at = dict(zip(full, layers))
+    flips: dict[int, np.ndarray] = {}
+    for name in pools:
+        if name not in expected or name not in actual:
+            continue
+        ref, ours = (np.asarray(x).astype(np.int16) for x in (expected[name], actual[name]))
+        if ref.shape != ours.shape or ref.ndim < 2:
+            continue
+        differ = ref != ours
+        neighbours = differ & (np.abs(ref - ours) <= 1) & ((ref >> 7) == (ours >> 7))
+        rows = neighbours.reshape(*ref.shape[:2], -1).any(-1)  # [pages, page]
+        if not rows.any():
+            continue
+        layer = int(name.rsplit("_", 1)[1])
+        owner = max((f for f in full if f <= layer), default=None)
+        key = at[owner] if owner is not None else layers[0]
+        mask = flips.setdefault(key, np.zeros(queries, dtype=bool))
+        for b in range(queries[0]):
+            for s in range(queries[1]):
+                position = past + s
+                block = position // ref.shape[1]
+                if block < table.shape[1] and 0 <= table[b, block] < ref.shape[0]:
+                    mask[b, s] |= rows[table[b, block], position % ref.shape[1]]
+    return flips
 
 
 def _pool_mask(mask: np.ndarray, shape: tuple[int, ...], past: int, table: np.ndarray) -> np.ndarray | None:

@@ -118,10 +118,13 @@ def compare_layer(layer: int, ours: np.ndarray, reference: np.ndarray, scores: n
 
 def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[np.ndarray, np.ndarray]],
                        lengths: np.ndarray, *, tie_rtol: float, tie_atol: float = 0.0,
-                       diverged: np.ndarray | None = None, past: int = 0) -> tuple[list[LayerSelections], np.ndarray]:
+                       diverged: np.ndarray | None = None, past: int = 0,
+                       flipped: dict[int, np.ndarray] | None = None) -> tuple[list[LayerSelections], np.ndarray]:
     """Every layer in order; returns the per-layer results and the final mask ``[B,S]`` of queries
     whose outputs may differ: diverged selections, and queries that attended to a diverged key
-    (``past``: cached keys before the first query, in a decode step)."""
+    (``past``: cached keys before the first query, in a decode step). ``flipped`` ``{layer: [B,S]}``
+    marks queries whose cache entries two runtimes stored a rounding step apart (FP8 caches): they
+    count as diverged from that layer on."""
     layers = sorted(reference)
     if sorted(ours) != layers:
         raise RuntimeError(f"indexer layers differ: ours {sorted(ours)}, reference {layers}")
@@ -132,6 +135,8 @@ def compare_selections(ours: dict[int, np.ndarray], reference: dict[int, tuple[n
     tainted = np.zeros_like(diverged)
     results = []
     for layer in layers:
+        if flipped and layer in flipped:
+            diverged |= flipped[layer]
         results.append(compare_layer(layer, ours[layer], reference[layer][0], reference[layer][1], lengths, diverged,
                                      tie_rtol=tie_rtol, tie_atol=tie_atol, past=past, tainted=tainted))
         _taint(reference[layer][0], diverged, tainted, past)

@@ -118,10 +118,11 @@ def test_onnx_runtime_equals_the_torch_module_with_fp8_caches(exports, kind):
 
     report = validate_onnx(exports[kind][0], ValidationSettings(seq_lens=(16, 80)))
     assert report.passed, report
-    # Judged on the median error: a cached value on an FP8 rounding midpoint may take the
-    # neighbouring code in one runtime (measured: a GLM-5 stage at 256 tokens moved a few hidden
-    # values by 3e-4 through one such code); every selection still matches exactly.
-    assert report.error_stat == "median"
+    # Judged elementwise: a cached value on an FP8 rounding midpoint may take the neighbouring
+    # code in one runtime (measured: a GLM-5 stage at 256 tokens moved a few hidden values by 3e-4
+    # through one such code); the queries that wrote or read such a code are left out (counted in
+    # excluded_positions), every other value is held to fp32's bounds, and every selection matches.
+    assert report.error_stat == "elemwise"
     assert all(c.overlap == 1.0 for rows in report.selections.values() for c in rows)
 
 

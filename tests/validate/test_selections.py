@@ -121,3 +121,50 @@ def test_present_caches_exclude_the_positions_after_the_past():
     cache = _aligned(mask, (1, 8, 40), past=5)
     assert cache.tolist() == [[False] * 5 + [False, True, False]]
     assert _aligned(mask, (1, 7, 40), past=5) is None and _aligned(mask, (2, 3), past=0) is None
+
+
+def _pools(flip_at=None, far=False):
+    """Two runtimes' FP8 pools (one layer's latent, full indexer layer 0): page 4, 2 rows of 6
+    queries after a past of 2, rows' pages shuffled through the pool; optionally one code differs."""
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 0x7E, size=(5, 4, 8), dtype=np.int16)
+    codes[codes & 0x7F == 0x7F] = 0x10  # never NaN
+    ours = codes.copy()
+    table = np.array([[3, 1, 4], [0, 2, -1]], dtype=np.int32)
+    if flip_at is not None:
+        b, s = flip_at
+        position = 2 + s
+        page, row = table[b, position // 4], position % 4
+        ours[page, row, 5] += 9 if far else 1
+    expected = {"present_latent_pool_0": codes.astype(np.uint8), "present_index_key_pool_0": codes.astype(np.uint8)}
+    actual = {"present_latent_pool_0": ours.astype(np.uint8), "present_index_key_pool_0": codes.astype(np.uint8)}
+    return expected, actual, {"block_table": table}
+
+
+def test_an_fp8_code_rounded_to_its_neighbour_marks_its_writer_and_only_it():
+    from dsa_export.validate.compare import _code_flips
+
+    pools = ["present_latent_pool_0", "present_index_key_pool_0"]
+    expected, actual, feed = _pools()
+    assert _code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
+    expected, actual, feed = _pools(flip_at=(1, 3))
+    flips = _code_flips(expected, actual, pools, [7], feed, 2, (2, 6))
+    assert list(flips) == [7] and flips[7].sum() == 1 and flips[7][1, 3]  # keyed by the indexer layer
+    # A code further away is a real difference: not a flip (the strict comparison fails on it).
+    expected, actual, feed = _pools(flip_at=(1, 3), far=True)
+    assert _code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
+
+
+def test_the_readers_of_a_flipped_code_are_left_out_and_counted_as_propagated():
+    scores, reference, ours = _case(s=12, t=12, k=4)
+    writer = 2
+    readers = {q for q in range(12) if writer in set(reference[0, q].tolist())} - {writer}
+    assert readers
+    _, mask = compare_selections({0: ours}, {0: (reference, scores)}, np.array([12]), tie_rtol=1e-4)
+    assert not mask.any()
+    flipped = {0: np.zeros((1, 12), bool)}
+    flipped[0][0, writer] = True
+    results, mask = compare_selections({0: ours}, {0: (reference, scores)}, np.array([12]), tie_rtol=1e-4,
+                                       flipped=flipped)
+    assert set(np.flatnonzero(mask[0])) == readers | {writer}
+    assert results[0].unexplained_rows == 0
