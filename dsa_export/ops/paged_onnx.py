@@ -167,6 +167,22 @@ def _span_scores(t: Body, read_pages, pages, q_c, w_c, span, span_pages, last_bl
              _one_d(t, t_len), t.const([2]))  # [B,rows,T]
 
 
+def _selected_pool_rows(t: Body, row: str, capacity: str, page: str, block_ids: str, batch_offset: str,
+                        n_pages: str, hkv: str, kv_heads: str) -> tuple[str, str]:
+    """A chunk's selected logical positions (``indices`` at query rows ``row``) as rows of the pools
+    viewed as ``[P*page*Hkv, ...]`` tables: ``valid [B,rows,K]`` (the index is in range and its page
+    entry names a pool page) and ``table_rows [B,rows,Hkv,K]`` (pool row 0 for skipped slots)."""
+    idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
+    in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
+    logical = t("Where", in_range, idx, t.const(0))
+    block = t("Div", logical, page)  # block of the row's table
+    page_id = t("Gather", block_ids, t("Add", block, batch_offset), axis=0)  # [B,rows,K]
+    valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
+    pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
+    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
+    return valid, t("Add", t("Mul", pool_row, hkv), kv_heads)
+
+
 def sparse_attention_paged_function(opset: int) -> FunctionProto:
     """Body of DSASparseAttentionPaged: per chunk of queries, the selected pool rows gathered once
     per kv head."""
@@ -203,15 +219,7 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)
-    idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
-    in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
-    logical = t("Where", in_range, idx, t.const(0))
-    block = t("Div", logical, page)  # block of the row's table
-    page_id = t("Gather", block_ids, t("Add", block, batch_offset), axis=0)  # [B,rows,K]
-    valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
-    pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
-    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
-    table_rows = t("Add", t("Mul", pool_row, hkv), kv_heads)  # [B,rows,Hkv,K] rows of the tables
+    valid, table_rows = _selected_pool_rows(t, row, capacity, page, block_ids, batch_offset, n_pages, hkv, kv_heads)
     # Gathered straight in [B,rows,Hkv,K,Dk] order. Skipped slots read pool row 0, a page that may
     # belong to no sequence: zero them, so that whatever it holds (NaN included) meets a
     # probability of 0 as a 0.
@@ -341,15 +349,7 @@ def sparse_attention_paged_fp8_function(opset: int, codes: str = "gather") -> Fu
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)
-    idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
-    in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
-    logical = t("Where", in_range, idx, t.const(0))
-    block_col = t("Div", logical, page)  # block of the row's table
-    page_id = t("Gather", block_ids, t("Add", block_col, batch_offset), axis=0)  # [B,rows,K]
-    valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
-    pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block_col, page)))
-    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
-    table_rows = t("Add", t("Mul", pool_row, hkv), kv_heads)  # [B,rows,Hkv,K] rows of the tables
+    valid, table_rows = _selected_pool_rows(t, row, capacity, page, block_ids, batch_offset, n_pages, hkv, kv_heads)
     # Only the selected rows are gathered and decoded: codes [B,rows,Hkv,K,C], their block scales
     # [B,rows,Hkv,K,C/bs] and RoPE channels [B,rows,Hkv,K,R].
     values = _decode(t, table, t("Gather", code_table, table_rows, axis=0))
