@@ -555,8 +555,8 @@ def test_the_paged_ops_have_no_plugin_creator():
             names |= set(re.findall(r'^\s*static constexpr char const\* kNAME\s*=\s*"(\w+)"', path.read_text(),
                                     flags=re.M))  # code lines only, not a comment's example
     assert names == set(PLUGIN_OPS)
-    text = "".join(p.read_text() for p in (REPO / "plugins").rglob("*") if p.suffix in (".cpp", ".h", ".cu"))
-    assert not any(name in text for name in PAGED)
+    # The kernels for paged caches (C ABI 5) exist and may name the ops they serve; what matters is
+    # that no plugin creator does until the glue for them lands.
 
 
 def test_tensorrt_rtx_builds_the_bodies_of_the_plugin_less_nodes():
