@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much FP8 cache storage changes a DSA model's decode, against bf16 caches.
 
-    python tools/fp8_cache_accuracy.py CKPT --prompt 1024 --steps 16 [--batch 1] [--json FILE]
+    python tools/fp8_cache_accuracy.py CKPT --prompt 1024 --steps 16 [--batch 1] [--runs A,B] [--json FILE]
 
 CKPT is a DeepSeek-V3.2 / GLM-5 checkpoint (e.g. a real-width synthetic one from
 tools/make_synthetic_checkpoint.py). The paged graph's torch module (float32 weights) prefills a
@@ -13,10 +13,15 @@ cache entry is encoded when it is written and decoded when it is read, exactly o
 
 Reported per decode step (medians and minima over steps and rows): cosine of the final hidden
 states and of the logits, whether the arg max agrees, and per indexer layer the overlap of the
-top-k selections (|FP8 ∩ bf16| / |bf16|). The same figures for bf16 caches against float32
+top-k selections (|FP8 ∩ bf16| / |bf16|); ``prefill_topk_overlap`` the same over the prompt's
+queries that choose among more keys than the top-k (each run's own prefill, so a layer's rows
+also carry the earlier layers' rounding). The same figures for bf16 caches against float32
 caches (nothing rounded) come with them: how far the model moves when only bf16 rounding is
 applied, the scale against which the FP8 figures read; and each FP8 encoding alone (latent FP8
-with bf16 index keys, and the reverse).
+with bf16 index keys, and the reverse). ``fp8_indexer`` is the indexer as DeepSeek's inference
+code runs it (FP8 index keys with a scale per token, and the queries in FP8 too, one power-of-two
+scale per 128 channels: ``kv_quant.query_roundtrip``) with the latent in bf16, against bf16:
+the FP8 indexer kernel's accuracy. ``--runs`` picks the comparisons (each costs a prefill).
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ from pathlib import Path
 from unittest import mock
 
 
-def _run(module, prompt, steps, batch, codec, page):
-    """Final hidden states, logits and per-layer selections of each decode step."""
+def _run(module, prompt, steps, batch, codec, page, query=None):
+    """Final hidden states, logits and per-layer selections of each decode step; ``query`` (if
+    given) rounds the indexer's queries before they score the keys."""
     import torch
 
+    from dsa_export.hf import model as hf_model
     from dsa_export.hf.model import PagedStep
     from dsa_export.validate.compare import TorchOpSelections
 
@@ -58,7 +65,14 @@ def _run(module, prompt, steps, batch, codec, page):
     selector = TorchOpSelections(module)
     names = module.input_names()
     records = []
-    with mock.patch.object(PagedStep, "write", write), torch.no_grad(), contextlib.ExitStack():
+    indexer = hf_model.dsa_indexer_topk_paged
+
+    def rounded_queries(q, *args, **kwargs):
+        return indexer(query(q), *args, **kwargs)
+
+    with mock.patch.object(PagedStep, "write", write), torch.no_grad(), contextlib.ExitStack() as stack:
+        if query is not None:
+            stack.enter_context(mock.patch.object(hf_model, "dsa_indexer_topk_paged", rounded_queries))
         def call(ids, start, select):
             feeds = {"input_ids": ids, "query_start": torch.full((batch,), start, dtype=torch.int32),
                      "query_lengths": torch.full((batch,), ids.shape[1], dtype=torch.int32), "block_table": table,
@@ -74,14 +88,17 @@ def _run(module, prompt, steps, batch, codec, page):
                     pools["past_" + name[len("present_"):]] = value
             return outputs[0], captured
 
-        call(prompt, 0, select=False)
+        _, captured = call(prompt, 0, select=True)
+        # The prompt's queries with more allowed keys than the top-k (the others take every key).
+        topk = module.hf.config.index_topk
+        prefill = [captured[i][0][:, topk:] for i in sorted(captured)]
         for step in range(steps):
             token = torch.full((batch, 1), 7 + step, dtype=torch.int64)  # the same forced tokens for both runs
             logits, captured = call(token, prompt.shape[1] + step, select=True)
             records.append({"hidden": hidden["h"].reshape(batch, -1).clone(), "logits": logits.clone(),
                             "selections": [captured[i][0][:, -1] for i in sorted(captured)]})
     hook.remove()
-    return records
+    return {"steps": records, "prefill_selections": prefill}
 
 
 def _cosine(a, b):
@@ -90,21 +107,38 @@ def _cosine(a, b):
     return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).tolist()
 
 
-def _compare(reference: list[dict], other: list[dict]) -> dict:
+def _overlaps(overlap: dict[int, list[float]], layer: int, a, b) -> None:
+    for row_a, row_b in zip(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])):
+        want, got = set(row_a[row_a >= 0].tolist()), set(row_b[row_b >= 0].tolist())
+        overlap.setdefault(layer, []).append(len(want & got) / max(1, len(want)))
+
+
+def _summary(overlap: dict[int, list[float]]) -> dict:
+    return {str(layer): {"mean": statistics.fmean(v), "min": min(v), "rows": len(v)} for layer, v in overlap.items() if v}
+
+
+def _compare(reference: dict, other: dict) -> dict:
     hidden, logits, agree = [], [], []
     overlap: dict[int, list[float]] = {}
-    for ref, q in zip(reference, other):
+    prefill: dict[int, list[float]] = {}
+    for layer, (a, b) in enumerate(zip(reference["prefill_selections"], other["prefill_selections"])):
+        _overlaps(prefill, layer, a, b)
+    for ref, q in zip(reference["steps"], other["steps"]):
         hidden += _cosine(ref["hidden"], q["hidden"])
         logits += _cosine(ref["logits"], q["logits"])
         agree += (ref["logits"].argmax(-1) == q["logits"].argmax(-1)).tolist()
         for layer, (a, b) in enumerate(zip(ref["selections"], q["selections"])):
-            for row_a, row_b in zip(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])):
-                want, got = set(row_a[row_a >= 0].tolist()), set(row_b[row_b >= 0].tolist())
-                overlap.setdefault(layer, []).append(len(want & got) / max(1, len(want)))
+            _overlaps(overlap, layer, a, b)
     return {"hidden_cosine": {"median": statistics.median(hidden), "min": min(hidden)},
             "logits_cosine": {"median": statistics.median(logits), "min": min(logits)},
             "argmax_agreement": sum(agree) / len(agree),
-            "topk_overlap": {str(layer): {"mean": statistics.fmean(v), "min": min(v)} for layer, v in overlap.items()}}
+            "topk_overlap": _summary(overlap), "prefill_topk_overlap": _summary(prefill)}
+
+
+#: Each comparison of the report: (reference run, compared run).
+COMPARISONS = {"fp8_vs_bf16": ("bf16", "fp8"), "fp8_latent_only_vs_bf16": ("bf16", "fp8_latent_only"),
+               "fp8_index_keys_only_vs_bf16": ("bf16", "fp8_index_keys_only"),
+               "fp8_indexer_vs_bf16": ("bf16", "fp8_indexer"), "bf16_vs_fp32": ("fp32", "bf16")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--runs", default=",".join(COMPARISONS),
+                        help=f"comparisons to make, comma-separated (default all: {','.join(COMPARISONS)})")
     args = parser.parse_args(argv)
+    wanted = [name for name in args.runs.split(",") if name]
+    unknown = sorted(set(wanted) - set(COMPARISONS))
+    if unknown:
+        parser.error(f"unknown --runs {unknown}; choose from {', '.join(COMPARISONS)}")
 
     import torch
 
@@ -143,19 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     def fp8_index(x, latent, rope):  # the index keys in FP8, the latent in bf16
         return kv_quant.bf16_roundtrip(x) if latent else kv_quant.index_keys_roundtrip(x)
 
-    codecs = (("fp32", exact), ("bf16", bf16), ("fp8", fp8), ("fp8_latent_only", fp8_latent),
-              ("fp8_index_keys_only", fp8_index))
-    runs = {name: _run(module, prompt, args.steps, args.batch, codec, PAGE_SIZE) for name, codec in codecs}
+    codecs = {"fp32": (exact, None), "bf16": (bf16, None), "fp8": (fp8, None), "fp8_latent_only": (fp8_latent, None),
+              "fp8_index_keys_only": (fp8_index, None), "fp8_indexer": (fp8_index, kv_quant.query_roundtrip)}
+    needed = sorted({run for name in wanted for run in COMPARISONS[name]}, key=list(codecs).index)
+    runs = {}
+    for name in needed:
+        codec, query = codecs[name]
+        runs[name] = _run(module, prompt, args.steps, args.batch, codec, PAGE_SIZE, query=query)
     report = {
         "checkpoint": str(args.checkpoint), "prompt": args.prompt, "steps": args.steps, "batch": args.batch,
         "index_topk": cfg.index_topk, "latent_bytes_per_token": {"fp8": kv_quant.latent_bytes_per_token(
             cfg.kv_lora_rank, cfg.qk_rope_head_dim), "bf16": 2 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)},
         "index_key_bytes_per_token": {"fp8": kv_quant.index_key_bytes_per_token(cfg.index_head_dim),
                                       "bf16": 2 * cfg.index_head_dim},
-        "fp8_vs_bf16": _compare(runs["bf16"], runs["fp8"]),
-        "fp8_latent_only_vs_bf16": _compare(runs["bf16"], runs["fp8_latent_only"]),
-        "fp8_index_keys_only_vs_bf16": _compare(runs["bf16"], runs["fp8_index_keys_only"]),
-        "bf16_vs_fp32": _compare(runs["fp32"], runs["bf16"]),
+        **{name: _compare(runs[COMPARISONS[name][0]], runs[COMPARISONS[name][1]]) for name in wanted},
         "seconds": round(time.perf_counter() - began, 1),
     }
     print(json.dumps(report, indent=2))

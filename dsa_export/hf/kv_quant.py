@@ -29,11 +29,14 @@ E4M3_MAX = 448.0
 LATENT_BLOCK = 128
 
 
-def _scaled_fp8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 values and float32 scales of ``x [..., C]``, one scale per ``block`` channels."""
+def _scaled_fp8(x: torch.Tensor, block: int, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 values and float32 scales of ``x [..., C]``, one scale per ``block`` channels
+    (``amax / 448``, or with ``pow2`` the power of two at or above it: DeepSeek's ue8m0 scales)."""
     shape = x.shape
     groups = x.float().reshape(*shape[:-1], shape[-1] // block, block)
     scale = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12) / E4M3_MAX
+    if pow2:
+        scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
     values = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return values.reshape(shape), scale.squeeze(-1)
 
@@ -75,6 +78,14 @@ def latent_roundtrip(latent: torch.Tensor, rope_dim: int = 64) -> torch.Tensor:
 
 def index_keys_roundtrip(keys: torch.Tensor) -> torch.Tensor:
     return decode_index_keys(*encode_index_keys(keys)).to(keys.dtype)
+
+
+def query_roundtrip(q: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """The indexer's queries ``[..., D]`` as DeepSeek's inference code quantizes them before its FP8
+    index GEMM (``act_quant(q, 128, scale_fmt="ue8m0")``): e4m3 with one power-of-two scale per
+    ``block`` channels (D = 128: one per token and head), given back in ``q``'s dtype."""
+    values, scale = _scaled_fp8(q, min(block, q.shape[-1]), pow2=True)
+    return _unscale(values, scale, min(block, q.shape[-1])).to(q.dtype)
 
 
 def bf16_roundtrip(x: torch.Tensor) -> torch.Tensor:
