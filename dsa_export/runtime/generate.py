@@ -90,26 +90,62 @@ class GenerationResult:
                 "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "notes": list(self.notes)}
 
 
-def choose_tokens(logits: np.ndarray, settings: SamplingSettings, rng: np.random.Generator) -> np.ndarray:
-    """``[B]`` next ids from ``[B, V]`` logits (greedy, or temperature + top-p sampling)."""
-    logits = logits.astype(np.float64)
-    if settings.temperature == 0:
-        return logits.argmax(axis=-1)
-    scaled = logits / settings.temperature
+def sample_rows(logits: np.ndarray, temperature, top_p, draws) -> np.ndarray:
+    """``[B]`` next ids from ``[B, V]`` logits under per-row settings: the rule of :func:`choose_tokens`
+    and of the device sampler (``dsa_sample_tokens``), in float64.
+
+    ``temperature``, ``top_p`` and ``draws`` are scalars or ``[B]``. A row with temperature <= 0 is
+    greedy (the arg max, the lowest index on ties; its draw is not used). Otherwise the row samples
+    from ``softmax(logits / temperature)``; with top_p < 1 only the nucleus stays (a token is kept
+    when the mass of the tokens before it in descending order, ties by index, is below top_p; the
+    most likely one always stays), renormalised; the id is the number of cumulative probabilities
+    (in vocabulary order) below the row's uniform draw, at most V - 1.
+    """
+    logits = np.asarray(logits).astype(np.float64)
+    rows, vocab = logits.shape
+    temperature = np.broadcast_to(np.asarray(temperature, dtype=np.float64), (rows,))
+    top_p = np.broadcast_to(np.asarray(top_p, dtype=np.float64), (rows,))
+    draws = np.broadcast_to(np.asarray(draws, dtype=np.float64).reshape(-1), (rows,))
+    chosen = logits.argmax(axis=-1)
+    sampled = np.flatnonzero(temperature > 0)
+    if sampled.size == 0:
+        return chosen
+    scaled = logits[sampled] / temperature[sampled, None]
     probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
-    if settings.top_p < 1:
-        order = np.argsort(-probs, axis=-1, kind="stable")
-        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    nucleus = np.flatnonzero(top_p[sampled] < 1)
+    if nucleus.size:
+        part = probs[nucleus]
+        order = np.argsort(-part, axis=-1, kind="stable")
+        sorted_probs = np.take_along_axis(part, order, axis=-1)
         # Keep a token when the mass before it is below top_p (the most likely one always stays).
-        keep_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs < settings.top_p
+        keep_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p[sampled][nucleus, None]
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        part = np.where(keep, part, 0.0)
+        part /= part.sum(axis=-1, keepdims=True)
+        probs[nucleus] = part
     cumulative = np.cumsum(probs, axis=-1)
-    draws = rng.random((probs.shape[0], 1))
-    return np.minimum((cumulative < draws).sum(axis=-1), probs.shape[-1] - 1)
+    chosen[sampled] = np.minimum((cumulative < draws[sampled, None]).sum(axis=-1), vocab - 1)
+    return chosen
+
+
+def choose_tokens(logits: np.ndarray, settings: SamplingSettings, rng: np.random.Generator | None = None, *,
+                  draws: np.ndarray | None = None) -> np.ndarray:
+    """``[B]`` next ids from ``[B, V]`` logits (greedy, or temperature + top-p sampling).
+
+    The uniform draws come from ``rng`` (one ``rng.random`` per row, none when greedy) or, given
+    ``draws`` ``[B]`` (e.g. :func:`dsa_export.runtime.philox.philox_uniform` of the rows' seeds and
+    steps, the device sampler's draws), from them; the rule is :func:`sample_rows`'.
+    """
+    logits = np.asarray(logits)
+    if settings.temperature == 0:
+        return logits.astype(np.float64).argmax(axis=-1)
+    if draws is None:
+        if rng is None:
+            raise ValueError("choose_tokens needs rng or draws to sample (temperature > 0)")
+        draws = rng.random((logits.shape[0], 1))
+    return sample_rows(logits, settings.temperature, settings.top_p, draws)
 
 
 def require_decode_graph(model) -> None:
