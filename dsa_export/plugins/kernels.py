@@ -80,6 +80,32 @@ class KernelLibrary:
                                                                                  _c_ptr]
         lib.dsa_block_sparse_attention_path.restype = _c_i32
         lib.dsa_block_sparse_attention_path.argtypes = [_c_i64] * 3 + [_c_i32]
+        # ABI 5: paged sparse attention (float pools, FP8 latent), split-KV decode
+        lib.dsa_sparse_attention_paged_num_splits.restype = _c_i32
+        lib.dsa_sparse_attention_paged_num_splits.argtypes = [_c_i64] * 5 + [_c_i32]
+        lib.dsa_sparse_attention_paged_workspace_size.restype = _c_size
+        lib.dsa_sparse_attention_paged_workspace_size.argtypes = [_c_i64] * 6 + [_c_i32]
+        lib.dsa_sparse_attention_paged.restype = _c_i32
+        lib.dsa_sparse_attention_paged.argtypes = [_c_ptr] * 6 + [_c_i64] * 10 + [ctypes.c_float, _c_i32, _c_i32,
+                                                                                  _c_ptr, _c_size, _c_ptr]
+        lib.dsa_sparse_attention_paged_fp8.restype = _c_i32
+        lib.dsa_sparse_attention_paged_fp8.argtypes = [_c_ptr] * 7 + [_c_i64] * 11 + [ctypes.c_float, _c_i32, _c_i32,
+                                                                                      _c_i32, _c_ptr, _c_size, _c_ptr]
+        # ABI 5: paged indexer + top-k (float pools, FP8 keys)
+        lib.dsa_indexer_topk_paged_workspace_size.restype = _c_size
+        lib.dsa_indexer_topk_paged_workspace_size.argtypes = [_c_i64] * 7
+        lib.dsa_indexer_topk_paged_min_workspace_size.restype = _c_size
+        lib.dsa_indexer_topk_paged_min_workspace_size.argtypes = [_c_i64] * 2
+        lib.dsa_indexer_topk_paged.restype = _c_i32
+        lib.dsa_indexer_topk_paged.argtypes = [_c_ptr] * 7 + [_c_i64] * 8 + [ctypes.c_float, _c_i32, _c_i32, _c_i32,
+                                                                             _c_ptr, _c_size, _c_ptr]
+        lib.dsa_indexer_topk_paged_fp8.restype = _c_i32
+        lib.dsa_indexer_topk_paged_fp8.argtypes = [_c_ptr] * 8 + [_c_i64] * 8 + [ctypes.c_float, _c_i32, _c_i32,
+                                                                                 _c_i32, _c_ptr, _c_size, _c_ptr]
+        lib.dsa_indexer_topk_set_select_mode.restype = _c_i32
+        lib.dsa_indexer_topk_set_select_mode.argtypes = [_c_i32]
+        lib.dsa_indexer_topk_set_fp8_mma.restype = _c_i32
+        lib.dsa_indexer_topk_set_fp8_mma.argtypes = [_c_i32]
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -269,6 +295,119 @@ class KernelLibrary:
         code = self._lib.dsa_block_sparse_attention_path(Dk, Dv, block_size, self.dtype_code(dtype))
         return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
 
+    # -- paged sparse attention (float pools, FP8 latent), split-KV decode (ABI 5) -------------------
+    def sparse_attention_paged_num_splits(self, B: int, S: int, H: int, Hkv: int, K: int, num_splits: int = 0) -> int:
+        """Splits a paged attention call makes on the current device (1: not split; ``num_splits`` as in the call)."""
+        return int(self._lib.dsa_sparse_attention_paged_num_splits(B, S, H, Hkv, K, int(num_splits)))
+
+    def sparse_attention_paged_workspace_size(self, B: int, S: int, H: int, Hkv: int, Dv: int, K: int,
+                                              num_splits: int = 0) -> int:
+        return int(self._lib.dsa_sparse_attention_paged_workspace_size(B, S, H, Hkv, Dv, K, int(num_splits)))
+
+    def _paged_workspace(self, workspace, like, B, S, H, Hkv, Dv, K, num_splits):
+        import torch
+
+        if workspace is None:
+            ws_bytes = self.sparse_attention_paged_workspace_size(B, S, H, Hkv, Dv, K, num_splits)
+            workspace = self._empty((max(ws_bytes, 16),), torch.uint8, like)
+        return workspace, workspace.numel() * workspace.element_size()
+
+    def sparse_attention_paged(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor | None,
+        indices: torch.Tensor,
+        block_table: torch.Tensor,
+        *,
+        scale: float,
+        v_head_dim: int | None = None,
+        num_splits: int = 0,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Output [B,S,H,Dv] in q's dtype of DSASparseAttentionPaged (arguments as in
+        ``dsa_export.ops.dsa_sparse_attention_paged``: a ``v_pool`` without pages, or ``None`` with
+        ``v_head_dim``, takes the values from the keys). ``num_splits``: 0 lets the library choose the
+        split-KV schedule, > 0 forces it (tests)."""
+        import torch
+
+        B, S, H, Dk = q.shape
+        P, page, Hkv = k_pool.shape[0], k_pool.shape[1], k_pool.shape[2]
+        M, K = block_table.shape[1], indices.shape[2]
+        if v_pool is None or v_pool.shape[0] == 0:
+            Dv = int(v_head_dim if v_pool is None else v_pool.shape[3])
+            if not 0 < Dv <= Dk:
+                raise ValueError(f"values from keys need 0 < Dv <= Dk = {Dk}, got {Dv}")
+            v_rows = None
+        else:
+            Dv = v_pool.shape[3]
+            if v_pool.shape != (P, page, Hkv, Dv) or v_pool.dtype != q.dtype:
+                raise ValueError(f"v_pool {tuple(v_pool.shape)} {v_pool.dtype} does not match k_pool / q")
+            v_rows = self._staged(v_pool)
+        if k_pool.shape != (P, page, Hkv, Dk) or k_pool.dtype != q.dtype or indices.shape[:2] != (B, S) \
+                or block_table.shape[0] != B:
+            raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k_pool {tuple(k_pool.shape)}, indices "
+                             f"{tuple(indices.shape)}, block_table {tuple(block_table.shape)}")
+        q, k_pool = self._staged(q), self._staged(k_pool)
+        indices = self._staged(indices.to(dtype=torch.int32))
+        block_table = self._staged(block_table.to(dtype=torch.int32))
+        out = self._empty((B, S, H, Dv), q.dtype, q)
+        workspace, ws_bytes = self._paged_workspace(workspace, q, B, S, H, Hkv, Dv, K, num_splits)
+        status = self._lib.dsa_sparse_attention_paged(
+            q.data_ptr(), k_pool.data_ptr(), v_rows.data_ptr() if v_rows is not None else None, indices.data_ptr(),
+            block_table.data_ptr() if block_table.numel() else None, out.data_ptr(), B, S, H, Hkv, Dk, Dv, K, P,
+            page, M, float(scale), self.dtype_code(q.dtype), int(num_splits), workspace.data_ptr(), ws_bytes,
+            self._stream(q.device),
+        )
+        self._check(status, "dsa_sparse_attention_paged")
+        return out
+
+    def sparse_attention_paged_fp8(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        k_scale_pool: torch.Tensor,
+        k_rope_pool: torch.Tensor,
+        indices: torch.Tensor,
+        block_table: torch.Tensor,
+        *,
+        scale: float,
+        block_size: int = 128,
+        num_splits: int = 0,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Output [B,S,H,C] in q's dtype of DSASparseAttentionPagedFP8 over FlashMLA's FP8 latent cache
+        (uint8 e4m3fn codes [P,page,Hkv,C], float32 scales [P,page,Hkv,C/block_size], RoPE [P,page,Hkv,R])."""
+        import torch
+
+        B, S, H, D = q.shape
+        P, page, Hkv, C = k_pool.shape
+        R = k_rope_pool.shape[3]
+        M, K = block_table.shape[1], indices.shape[2]
+        bs = int(block_size)
+        if k_pool.dtype != torch.uint8 or bs < 1 or C % bs or D != C + R \
+                or k_scale_pool.shape != (P, page, Hkv, C // bs) or k_rope_pool.shape[:3] != (P, page, Hkv) \
+                or indices.shape[:2] != (B, S) or block_table.shape[0] != B:
+            raise ValueError(
+                f"shape mismatch: q {tuple(q.shape)}, k_pool {tuple(k_pool.shape)} {k_pool.dtype}, k_scale_pool "
+                f"{tuple(k_scale_pool.shape)}, k_rope_pool {tuple(k_rope_pool.shape)}, block_size {bs}")
+        q, k_pool = self._staged(q), self._staged(k_pool)
+        k_scale_pool = self._staged(k_scale_pool.to(dtype=torch.float32))
+        k_rope_pool = self._staged(k_rope_pool)
+        indices = self._staged(indices.to(dtype=torch.int32))
+        block_table = self._staged(block_table.to(dtype=torch.int32))
+        out = self._empty((B, S, H, C), q.dtype, q)
+        workspace, ws_bytes = self._paged_workspace(workspace, q, B, S, H, Hkv, C, K, num_splits)
+        status = self._lib.dsa_sparse_attention_paged_fp8(
+            q.data_ptr(), k_pool.data_ptr(), k_scale_pool.data_ptr(),
+            k_rope_pool.data_ptr() if k_rope_pool.numel() else None, indices.data_ptr(),
+            block_table.data_ptr() if block_table.numel() else None, out.data_ptr(), B, S, H, Hkv, C, R, K, P,
+            page, M, bs, float(scale), self.dtype_code(q.dtype), self.dtype_code(k_rope_pool.dtype),
+            int(num_splits), workspace.data_ptr(), ws_bytes, self._stream(q.device),
+        )
+        self._check(status, "dsa_sparse_attention_paged_fp8")
+        return out
+
     def indexer_topk_path(self, H: int, D: int, dtype: Any) -> str:
         code = self._lib.dsa_indexer_topk_path(H, D, self.dtype_code(dtype))
         return {1: "tensor-core", 0: "generic"}.get(code, "invalid")
@@ -367,6 +506,142 @@ class KernelLibrary:
         expert = self.expert_dtype_code(dtype if expert_dtype is None else expert_dtype)
         code = self._lib.dsa_moe_experts_path(N, K, E, H, I, self.dtype_code(dtype), expert, block_size)
         return MOE_PATHS.get(code, "invalid")
+
+    # -- sampling (ABI 5) ------------------------------------------------------------------------
+    def sample_tokens(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor | float | None = None,
+        top_p: torch.Tensor | float | None = None,
+        seeds: torch.Tensor | int | None = None,
+        offsets: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """Next token ids [B] int32 chosen on the device (``dsa_sample_tokens``).
+
+        ``logits``: [B,V], or [B,S,V] (the last position is used, read in place through the row
+        stride), or any [B,V] view whose rows are evenly spaced. Per-row settings are [B] tensors or
+        scalars (broadcast): temperature (None or <= 0: greedy), top_p (None: 1), seeds and offsets
+        (Philox4x32-10 key and counter; None: 0). The rule is
+        ``dsa_export.runtime.generate.sample_rows`` with the draws of
+        ``dsa_export.runtime.philox.philox_uniform(seeds, offsets)``.
+        """
+        import torch
+
+        if logits.dim() == 3:
+            logits = logits[:, -1, :]
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [B,V] or [B,S,V]; got {tuple(logits.shape)}")
+        B, V = logits.shape
+        if logits.stride(1) != 1 or (B > 1 and logits.stride(0) < V):
+            logits = logits.contiguous()
+        stride = int(logits.stride(0)) if B > 1 else V
+        # The rows as one dense span (the row stride's gaps included) for a library that stages tensors.
+        span = logits.as_strided(((B - 1) * stride + V,), (1,)) if B > 0 else logits.reshape(-1)
+        span = self._staged(span)
+
+        def per_row(value, dtype, default):
+            if value is None:
+                value = default
+            t = torch.as_tensor(value, dtype=dtype).to(device=logits.device)
+            if t.dim() == 0:
+                t = t.expand(B)
+            if tuple(t.shape) != (B,):
+                raise ValueError(f"a per-row setting must be a scalar or [{B}]; got {tuple(t.shape)}")
+            return self._staged(t.contiguous())
+
+        temps = per_row(temperature, torch.float32, 0.0) if temperature is not None else None
+        tops = per_row(top_p, torch.float32, 1.0) if top_p is not None else None
+        if seeds is not None and not isinstance(seeds, torch.Tensor):
+            import numpy as np
+
+            seeds = torch.from_numpy(np.asarray(seeds, dtype=np.uint64).view(np.int64).copy())  # uint64 bits
+        elif seeds is not None and seeds.dtype == getattr(torch, "uint64", None):
+            seeds = seeds.view(torch.int64)
+        seed_t = per_row(seeds, torch.int64, 0) if seeds is not None else None
+        off_t = per_row(offsets, torch.int64, 0) if offsets is not None else None
+        out = self._empty((B,), torch.int32, span)
+        fn = self._lib.dsa_sample_tokens
+        fn.restype = _c_i32
+        fn.argtypes = [_c_ptr, _c_i64, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_i64, _c_i64, _c_i32, _c_ptr]
+
+        def ptr(t):
+            return t.data_ptr() if t is not None else None
+
+        status = fn(ptr(span) if B > 0 else None, stride, out.data_ptr() if B > 0 else None, ptr(temps), ptr(tops),
+                    ptr(seed_t), ptr(off_t), B, V, self.dtype_code(logits.dtype), self._stream(logits.device))
+        self._check(status, "dsa_sample_tokens")
+        return out
+
+
+    # -- paged indexer + top-k (float pools, FP8 keys) (ABI 5) ---------------------------------------
+    #: dsa_indexer_topk_set_select_mode's modes, by code
+    SELECT_MODES = ("auto", "one-block", "multi-block", "multi-block-small-buffer")
+
+    def indexer_topk_paged_workspace_size(self, B: int, S: int, M: int, page: int, H: int, D: int, topk: int) -> int:
+        return int(self._lib.dsa_indexer_topk_paged_workspace_size(B, S, M, page, H, D, topk))
+
+    def indexer_topk_set_select_mode(self, mode: str) -> str:
+        """Force the top-k of every indexer call ("auto", "one-block", "multi-block",
+        "multi-block-small-buffer"); returns the previous mode."""
+        previous = int(self._lib.dsa_indexer_topk_set_select_mode(self.SELECT_MODES.index(mode)))
+        return self.SELECT_MODES[previous]
+
+    def indexer_topk_set_fp8_mma(self, enable: bool) -> bool:
+        """FP8 keys: use the e4m3 MMA with q quantized (sm_89+, D <= 128); returns the previous setting."""
+        return bool(self._lib.dsa_indexer_topk_set_fp8_mma(int(bool(enable))))
+
+    def indexer_topk_paged(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        w: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start: torch.Tensor,
+        lengths: torch.Tensor,
+        *,
+        topk: int,
+        scale: float,
+        causal: bool = True,
+        k_scale_pool: torch.Tensor | None = None,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Indices [B,S,topk] int32 of DSAIndexerTopKPaged, or of DSAIndexerTopKPagedFP8 when ``k_scale_pool``
+        ([P,page] or [P,page,1] float32) is given with ``k_pool`` the uint8 e4m3fn codes [P,page,D]."""
+        import torch
+
+        B, S, H, D = q.shape
+        P, page = k_pool.shape[0], k_pool.shape[1]
+        M = block_table.shape[1]
+        fp8 = k_scale_pool is not None
+        if k_pool.shape != (P, page, D) or w.shape != (B, S, H) or block_table.shape[0] != B \
+                or query_start.shape != (B,) or lengths.shape != (B,):
+            raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k_pool {tuple(k_pool.shape)}, w {tuple(w.shape)}, "
+                             f"block_table {tuple(block_table.shape)}")
+        if (k_pool.dtype != torch.uint8 if fp8 else k_pool.dtype != q.dtype) or w.dtype not in (q.dtype, torch.float32):
+            raise ValueError("k_pool must have q's dtype (uint8 codes with k_scale_pool) and w q's dtype or float32")
+        q, k_pool, w = self._staged(q), self._staged(k_pool), self._staged(w)
+        table = self._staged(block_table.to(device=q.device, dtype=torch.int32))
+        start = self._staged(query_start.to(device=q.device, dtype=torch.int32))
+        lens = self._staged(lengths.to(device=q.device, dtype=torch.int32))
+        out = self._empty((B, S, topk), torch.int32, q)
+        if workspace is None:
+            ws_bytes = self.indexer_topk_paged_workspace_size(B, S, M, page, H, D, topk)
+            workspace = self._empty((max(ws_bytes, 1),), torch.uint8, q)
+        ws_bytes = workspace.numel() * workspace.element_size()
+        tail = (B, S, P, page, M, H, D, topk, float(scale), int(bool(causal)), self.dtype_code(q.dtype),
+                self.dtype_code(w.dtype), workspace.data_ptr(), ws_bytes, self._stream(q.device))
+        if fp8:
+            scales = self._staged(k_scale_pool.reshape(P, page).to(device=q.device, dtype=torch.float32))
+            status = self._lib.dsa_indexer_topk_paged_fp8(
+                q.data_ptr(), k_pool.data_ptr(), scales.data_ptr(), w.data_ptr(), table.data_ptr(), start.data_ptr(),
+                lens.data_ptr(), out.data_ptr(), *tail)
+            self._check(status, "dsa_indexer_topk_paged_fp8")
+        else:
+            status = self._lib.dsa_indexer_topk_paged(
+                q.data_ptr(), k_pool.data_ptr(), w.data_ptr(), table.data_ptr(), start.data_ptr(), lens.data_ptr(),
+                out.data_ptr(), *tail)
+            self._check(status, "dsa_indexer_topk_paged")
+        return out
 
 
 _loaded: dict[Path, KernelLibrary] = {}

@@ -8,6 +8,7 @@
 #include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionKernel.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsKernel.h"
+#include "dsaSampling/dsaSamplingKernel.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
 
 #include <exception>
@@ -303,6 +304,259 @@ DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H,
     }
     return dsa::moeExpertsPath(N, K, E, H, I, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(expert_dtype),
         block_size, /*aligned=*/true, dev);
+}
+
+// ---- paged sparse attention (float pools, FP8 latent), split-KV decode (ABI 5) ----------------
+
+DSA_API int32_t dsa_sparse_attention_paged_num_splits(
+    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t K, int32_t num_splits)
+{
+    dsa::DeviceInfo dev;
+    // A negative num_splits plans for a GPU of -num_splits SMs: no device is needed.
+    if (B < 0 || S < 0 || K < 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || (num_splits >= 0 && !dsa::currentDeviceInfo(dev)))
+    {
+        return -1;
+    }
+    return dsa::sparseAttentionSplits(B, S, H, Hkv, K, num_splits, dev, nullptr);
+}
+
+DSA_API size_t dsa_sparse_attention_paged_workspace_size(
+    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dv, int64_t K, int32_t num_splits)
+{
+    int32_t const splits = dsa_sparse_attention_paged_num_splits(B, S, H, Hkv, K, num_splits);
+    return splits > 1 && Dv > 0 ? dsa::sparseAttentionSplitWorkspace(B, S, H, Dv, splits) : 0;
+}
+
+namespace
+{
+dsa::SparseAttentionParams pagedParams(void const* q, int32_t const* indices, int32_t const* block_table, void* out,
+    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K, int64_t P, int64_t page,
+    int64_t M, float scale)
+{
+    dsa::SparseAttentionParams p;
+    p.q = q;
+    p.indices = indices;
+    p.blockTable = block_table;
+    p.out = out;
+    p.B = B;
+    p.S = S;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.Dk = Dk;
+    p.Dv = Dv;
+    p.K = K;
+    p.P = P;
+    p.page = page;
+    p.M = M;
+    p.scale = scale;
+    return p;
+}
+} // namespace
+
+DSA_API int32_t dsa_sparse_attention_paged(void const* q, void const* k_pool, void const* v_pool,
+    int32_t const* indices, int32_t const* block_table, void* out, int64_t B, int64_t S, int64_t H, int64_t Hkv,
+    int64_t Dk, int64_t Dv, int64_t K, int64_t P, int64_t page, int64_t M, float scale, int32_t dtype,
+    int32_t num_splits, void* workspace, size_t workspace_bytes, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged: unknown dtype code");
+        }
+        dsa::SparseAttentionParams p
+            = pagedParams(q, indices, block_table, out, B, S, H, Hkv, Dk, Dv, K, P, page, M, scale);
+        p.k = k_pool;
+        p.v = v_pool;
+        p.valuesFromKeys = v_pool == nullptr; // see dsa_kernels.h: NULL v_pool = values from keys
+        return dsa::launchSparseAttentionPaged(p, static_cast<dsa::DType>(dtype), num_splits, workspace,
+            workspace_bytes, static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged: unknown exception");
+    }
+}
+
+DSA_API int32_t dsa_sparse_attention_paged_fp8(void const* q, uint8_t const* k_pool, float const* k_scale_pool,
+    void const* k_rope_pool, int32_t const* indices, int32_t const* block_table, void* out, int64_t B, int64_t S,
+    int64_t H, int64_t Hkv, int64_t C, int64_t R, int64_t K, int64_t P, int64_t page, int64_t M,
+    int64_t block_size, float scale, int32_t dtype, int32_t rope_dtype, int32_t num_splits, void* workspace,
+    size_t workspace_bytes, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype) || !dsa::isValidDType(rope_dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged_fp8: unknown dtype code");
+        }
+        dsa::SparseAttentionParams p
+            = pagedParams(q, indices, block_table, out, B, S, H, Hkv, C + R, C, K, P, page, M, scale);
+        p.k = k_pool;
+        p.fp8 = true;
+        p.valuesFromKeys = true; // the values are the first C channels of the key rows
+        p.kScale = k_scale_pool;
+        p.kRope = k_rope_pool;
+        p.C = C;
+        p.R = R;
+        p.scaleBlock = block_size;
+        p.ropeDtype = static_cast<dsa::DType>(rope_dtype);
+        return dsa::launchSparseAttentionPaged(p, static_cast<dsa::DType>(dtype), num_splits, workspace,
+            workspace_bytes, static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged_fp8: unknown exception");
+    }
+}
+
+} // extern "C"
+
+// ---- ABI 5: sampling ------------------------------------------------------------------------------
+extern "C"
+{
+
+DSA_API int32_t dsa_sample_tokens(void const* logits, int64_t row_stride, int32_t* out, float const* temperature,
+    float const* top_p, uint64_t const* seeds, int64_t const* offsets, int64_t B, int64_t V, int32_t dtype,
+    void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sample_tokens: unknown dtype code");
+        }
+        dsa::SampleTokensParams p;
+        p.logits = logits;
+        p.out = out;
+        p.temperature = temperature;
+        p.topP = top_p;
+        p.seeds = seeds;
+        p.offsets = offsets;
+        p.B = B;
+        p.V = V;
+        p.rowStride = row_stride;
+        return dsa::launchSampleTokens(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sample_tokens: unknown exception");
+    }
+}
+
+} // extern "C"
+
+// ---- ABI 5: paged indexer + top-k (float pools, FP8 keys) ----------------------------------------
+namespace
+{
+int32_t indexerTopKPagedCall(char const* name, void const* q, void const* k_pool, float const* k_scale_pool,
+    bool fp8, void const* w, int32_t const* block_table, int32_t const* query_start, int32_t const* lengths,
+    int32_t* out, int64_t B, int64_t S, int64_t P, int64_t page, int64_t M, int64_t H, int64_t D, int64_t topk,
+    float scale, int32_t causal, int32_t dtype, int32_t w_dtype, void* workspace, size_t workspace_bytes,
+    void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype) || !dsa::isValidDType(w_dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, std::string(name) + ": unknown dtype code");
+        }
+        if (page < 1 || M < 0 || M > 0x7fffffffLL / page)
+        {
+            return dsa::setLastError(
+                dsa::kINVALID_ARGUMENT, std::string(name) + ": needs page >= 1, M >= 0 and M * page < 2^31");
+        }
+        dsa::IndexerTopKParams p;
+        p.q = q;
+        p.k = k_pool;
+        p.w = w;
+        p.lengths = lengths;
+        p.out = out;
+        p.blockTable = block_table;
+        p.queryStart = query_start;
+        p.kScale = k_scale_pool;
+        p.B = B;
+        p.S = S;
+        p.T = M * page;
+        p.H = H;
+        p.D = D;
+        p.topk = topk;
+        p.P = P;
+        p.page = page;
+        p.M = M;
+        p.scale = scale;
+        p.causal = causal != 0 ? 1 : 0;
+        return dsa::launchIndexerTopKPaged(p, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(w_dtype), fp8,
+            workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, std::string(name) + ": unknown exception");
+    }
+}
+} // namespace
+
+extern "C"
+{
+
+DSA_API size_t dsa_indexer_topk_paged_workspace_size(int64_t B, int64_t S, int64_t M, int64_t page, int64_t H,
+    int64_t D, int64_t topk)
+{
+    return M < 0 || page < 0 ? 0 : dsa::indexerTopKWorkspaceSize(B, S, M * page, H, D, topk);
+}
+
+DSA_API size_t dsa_indexer_topk_paged_min_workspace_size(int64_t M, int64_t page)
+{
+    return M < 0 || page < 0 ? 0 : dsa::indexerTopKMinWorkspaceSize(M * page);
+}
+
+DSA_API int32_t dsa_indexer_topk_paged(void const* q, void const* k_pool, void const* w, int32_t const* block_table,
+    int32_t const* query_start, int32_t const* lengths, int32_t* out, int64_t B, int64_t S, int64_t P, int64_t page,
+    int64_t M, int64_t H, int64_t D, int64_t topk, float scale, int32_t causal, int32_t dtype, int32_t w_dtype,
+    void* workspace, size_t workspace_bytes, void* stream)
+{
+    return indexerTopKPagedCall("dsa_indexer_topk_paged", q, k_pool, nullptr, false, w, block_table, query_start,
+        lengths, out, B, S, P, page, M, H, D, topk, scale, causal, dtype, w_dtype, workspace, workspace_bytes, stream);
+}
+
+DSA_API int32_t dsa_indexer_topk_paged_fp8(void const* q, uint8_t const* k_pool, float const* k_scale_pool,
+    void const* w, int32_t const* block_table, int32_t const* query_start, int32_t const* lengths, int32_t* out,
+    int64_t B, int64_t S, int64_t P, int64_t page, int64_t M, int64_t H, int64_t D, int64_t topk, float scale,
+    int32_t causal, int32_t dtype, int32_t w_dtype, void* workspace, size_t workspace_bytes, void* stream)
+{
+    return indexerTopKPagedCall("dsa_indexer_topk_paged_fp8", q, k_pool, k_scale_pool, true, w, block_table,
+        query_start, lengths, out, B, S, P, page, M, H, D, topk, scale, causal, dtype, w_dtype, workspace,
+        workspace_bytes, stream);
+}
+
+DSA_API int32_t dsa_indexer_topk_set_select_mode(int32_t mode)
+{
+    return dsa::indexerTopKSetSelectMode(mode);
+}
+
+DSA_API int32_t dsa_indexer_topk_set_fp8_mma(int32_t enable)
+{
+    return dsa::indexerTopKSetFp8Mma(enable);
 }
 
 } // extern "C"

@@ -79,6 +79,9 @@ DSA_API char const* dsa_last_error(void);
  *   does not fix the order).
  * The scores of a bounded block of query rows are kept in `workspace` (fp32, rows x T); more
  * workspace means fewer, larger launches. The minimum is one row (T * 4 bytes, 256-byte aligned).
+ * Since ABI 5 dsa_indexer_topk_workspace_size() also holds the multi-block top-k's state for up to 8
+ * rows: calls of at most 8 rows (B*S) over T >= 8192 keys given that much spread each row's top-k over
+ * several CTAs, with the same indices in the same order (see dsa_indexer_topk_set_select_mode).
  */
 DSA_API size_t dsa_indexer_topk_workspace_size(int64_t B, int64_t S, int64_t T, int64_t H, int64_t D, int64_t topk);
 DSA_API size_t dsa_indexer_topk_min_workspace_size(int64_t T);
@@ -176,9 +179,134 @@ DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t 
 
 /* -- paged sparse attention (float pools, FP8 latent), split-KV decode -- */
 
+/*
+ * DSASparseAttentionPaged / DSASparseAttentionPagedFP8 (ABI 5): DSASparseAttention with the keys and
+ * values read through a block table (docs/ops.md, "Paged caches" and "FP8 caches").
+ *   q [B,S,H,Dk] (dtype), indices [B,S,K] int32 logical key positions, block_table [B,M] int32,
+ *   out [B,S,H,Dv] (dtype). Logical key t of batch row b is pool row [block_table[b, t / page], t % page];
+ *   an index < 0, >= M*page, or whose table entry is < 0 or >= P is skipped; rows without a valid
+ *   index are 0; pages no row names are never read (they may hold NaN). float32 accumulation.
+ * dsa_sparse_attention_paged: k_pool [P,page,Hkv,Dk], v_pool [P,page,Hkv,Dv] (dtype), or v_pool ==
+ *   NULL: the values are the first Dv <= Dk channels of the key rows (the contract's v_pool without
+ *   pages; each selected row is then read once).
+ * dsa_sparse_attention_paged_fp8: FlashMLA's FP8 latent cache. k_pool [P,page,Hkv,C] uint8 float8
+ *   e4m3fn codes (0x7F / 0xFF are NaN), k_scale_pool [P,page,Hkv,C/block_size] float32,
+ *   k_rope_pool [P,page,Hkv,R] (rope_dtype, a float type of its own; may be NULL when R == 0);
+ *   q [B,S,H,C+R]. The key row of a slot is concat(float32(decode(code) * scale of its block_size
+ *   channels), rope), the values its first C channels: out [B,S,H,C]. The tensor-core kernel takes
+ *   fp16/bf16 q with rope_dtype == dtype, C % 16 == 0, R % 8 == 0, block_size % 8 == 0 (FlashMLA:
+ *   C = 512, R = 64, block_size = 128, bf16); it copies a tile's codes and scales into shared memory
+ *   and dequantizes them there to q's dtype; other arguments take the generic kernel (fp32 math).
+ * Split-KV (FlashMLA's scheme): the K indices of each query row are split across num_splits CTAs
+ *   that write float32 partial outputs and log-sum-exps into `workspace`; a combine kernel merges
+ *   them. num_splits == 0: the launcher chooses, on the host once per call, from the device's SM
+ *   count (decode-sized calls, fewer CTAs than SMs, get enough splits for about two waves, at least
+ *   256 indices per split and at most 64 splits; otherwise 1); num_splits > 0 forces (at most)
+ *   that many (splits of 32 * ceil(K / num_splits / 32) indices); num_splits < 0 chooses as num_splits
+ *   == 0 would on a GPU of -num_splits SMs, whatever the device has (a caller that sizes its
+ *   workspace ahead of time, on another machine or GPU, gets the same schedule everywhere: the
+ *   TensorRT plugin passes -132). The schedule depends only on the arguments and the device (not
+ *   on it for num_splits < 0), and the combine sums the splits in order: the same inputs give the
+ *   same bits. A single split needs no workspace and writes out directly.
+ * dsa_sparse_attention_paged_num_splits: the number of splits a call with these arguments makes on
+ *   the current device (1 = not split; for num_splits < 0 on any device, none needed); -1 on invalid
+ *   arguments.
+ * dsa_sparse_attention_paged_workspace_size: the bytes of workspace such a call needs (0 when it
+ *   does not split); the same function serves both entry points (Dv = C for the FP8 cache). A call
+ *   whose workspace is smaller (or not 16-byte aligned) fails with DSA_STATUS_WORKSPACE_TOO_SMALL.
+ * With K == 0 or M == 0 no kernel runs (out is zeroed with cudaMemsetAsync).
+ */
+DSA_API int32_t dsa_sparse_attention_paged_num_splits(
+    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t K, int32_t num_splits);
+DSA_API size_t dsa_sparse_attention_paged_workspace_size(
+    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dv, int64_t K, int32_t num_splits);
+DSA_API int32_t dsa_sparse_attention_paged(void const* q, void const* k_pool, void const* v_pool,
+    int32_t const* indices, int32_t const* block_table, void* out, int64_t B, int64_t S, int64_t H, int64_t Hkv,
+    int64_t Dk, int64_t Dv, int64_t K, int64_t P, int64_t page, int64_t M, float scale, int32_t dtype,
+    int32_t num_splits, void* workspace, size_t workspace_bytes, void* stream);
+DSA_API int32_t dsa_sparse_attention_paged_fp8(void const* q, uint8_t const* k_pool, float const* k_scale_pool,
+    void const* k_rope_pool, int32_t const* indices, int32_t const* block_table, void* out, int64_t B, int64_t S,
+    int64_t H, int64_t Hkv, int64_t C, int64_t R, int64_t K, int64_t P, int64_t page, int64_t M,
+    int64_t block_size, float scale, int32_t dtype, int32_t rope_dtype, int32_t num_splits, void* workspace,
+    size_t workspace_bytes, void* stream);
+
 /* -- paged indexer + top-k (float pools, FP8 keys) -- */
 
+/*
+ * DSAIndexerTopKPaged / DSAIndexerTopKPagedFP8 (ABI 5).
+ *   q [B,S,H,D] (dtype), k_pool [P,page,D] (dtype; uint8 e4m3fn codes for _fp8, with k_scale_pool [P,page]
+ *   float32, one scale per token: key = float32(decode(code) * scale)), w [B,S,H] (w_dtype: dtype or
+ *   FLOAT32), block_table [B,M] int32, query_start [B] int32, lengths [B] int32, out [B,S,topk] int32.
+ *   Logical key t (< M*page) of row b is pool row block_table[b, t/page] * page + t%page; query s of
+ *   row b sits at logical position query_start[b] + s and selects among the keys t < min(lengths[b],
+ *   M*page) whose page entry is valid (0 <= entry < P) and, with causal != 0, t <= query_start[b] + s.
+ *   Score, -1 padding, ties (to the lower logical position) and the deterministic order as
+ *   dsa_indexer_topk: the valid allowed keys in ascending order when they all fit, otherwise the keys
+ *   above the k-th score in ascending position, then the selected ties in ascending position. Pages
+ *   no row names, and keys past a query's limit, are never read (they may hold NaN). FP8: the scale is
+ *   applied to each logit in float32 (scale_t * (q . decode(code_t)); decode is exact in fp16/bf16).
+ * Workspace: dsa_indexer_topk_paged_workspace_size() (the fp32 scores of a block of query rows over the
+ * M*page logical keys, plus the multi-block top-k's state for up to 8 rows); at least the minimum.
+ * With B*S <= 8 rows and M*page >= 8192 keys the top-k runs over several CTAs per row (as
+ * dsa_indexer_topk); dsa_indexer_topk_set_select_mode() forces either top-k for tests.
+ */
+DSA_API size_t dsa_indexer_topk_paged_workspace_size(int64_t B, int64_t S, int64_t M, int64_t page, int64_t H,
+    int64_t D, int64_t topk);
+DSA_API size_t dsa_indexer_topk_paged_min_workspace_size(int64_t M, int64_t page);
+DSA_API int32_t dsa_indexer_topk_paged(void const* q, void const* k_pool, void const* w, int32_t const* block_table,
+    int32_t const* query_start, int32_t const* lengths, int32_t* out, int64_t B, int64_t S, int64_t P, int64_t page,
+    int64_t M, int64_t H, int64_t D, int64_t topk, float scale, int32_t causal, int32_t dtype, int32_t w_dtype,
+    void* workspace, size_t workspace_bytes, void* stream);
+DSA_API int32_t dsa_indexer_topk_paged_fp8(void const* q, uint8_t const* k_pool, float const* k_scale_pool,
+    void const* w, int32_t const* block_table, int32_t const* query_start, int32_t const* lengths, int32_t* out,
+    int64_t B, int64_t S, int64_t P, int64_t page, int64_t M, int64_t H, int64_t D, int64_t topk, float scale,
+    int32_t causal, int32_t dtype, int32_t w_dtype, void* workspace, size_t workspace_bytes, void* stream);
+
+/*
+ * Which top-k every dsa_indexer_topk* call of this process runs (tests and benchmarks): 0 = the
+ * launcher's choice, 1 = one CTA per row, 2 = multi-block (splits of 512 keys), 3 = multi-block with a
+ * 64-entry shared candidate buffer (the overflow path). Modes 2/3 need B*S <= 8 and the full workspace
+ * (else DSA_STATUS_UNSUPPORTED). Every mode gives the same indices in the same order. Returns the
+ * previous mode, -1 for an unknown one. Not thread-safe.
+ */
+DSA_API int32_t dsa_indexer_topk_set_select_mode(int32_t mode);
+
+/*
+ * dsa_indexer_topk_paged_fp8's logits (process-wide, not thread-safe): 0 (default) = the MMA in q's
+ * dtype on the decoded keys (q exact, the op contract's scores up to fp32 rounding); 1 = on sm_89+
+ * with D % 32 == 0 and D <= 128, mma.sync m16n8k32 e4m3 on the key codes with q quantized to e4m3,
+ * one power-of-two scale per (query, head) row (DeepGEMM's FP8 MQA logits; the scores then carry q's
+ * quantization error). Returns the previous setting, -1 for an invalid one.
+ */
+DSA_API int32_t dsa_indexer_topk_set_fp8_mma(int32_t enable);
+
 /* -- sampling -- */
+
+/*
+ * Token sampling (ABI 5): the next token of each of B rows of logits, chosen on the device.
+ *   logits: row b is the V elements at logits + b * row_stride (dtype FLOAT32, FLOAT16 or BFLOAT16;
+ *     row_stride >= V, in elements: pass V for [B,V], S*V with logits + (S-1)*V for the last
+ *     position of [B,S,V]); out [B] int32. Per-row settings, each a device array [B] or NULL:
+ *     temperature (NULL: every row greedy), top_p (NULL: 1), seeds (NULL: 0), offsets (NULL: 0).
+ *   temperature[b] <= 0 (or NaN): greedy, the arg max with ties to the lowest index (top_p, seed
+ *     and offset are not read for that row). Otherwise p = softmax(logits[b] / temperature[b]);
+ *     with top_p[b] < 1 the nucleus keeps a token when the probability mass of the tokens before
+ *     it in descending order (ties: lower index first) is below top_p (the most likely token
+ *     always stays; top_p <= 0 keeps only it), renormalised; the token is the first in index order
+ *     whose cumulative kept probability exceeds u, the uniform draw
+ *     u = (((x1 << 32) | x0) >> 11) / 2^53 of Philox4x32-10 with key (seed low, seed high) and
+ *     counter (offset low, offset high, 0, 0) (x0, x1: its first two output words), so a caller
+ *     reproduces a draw on the host and a server passes each request's seed and its step.
+ *   The device computes in float32 (e = exp((l - max) / T), masses as exact 64-bit integers
+ *   trunc(e * 2^40), so the result does not depend on the order of additions and is the same on
+ *   every run); it can differ from the float64 rule only where u, or top_p, lies within about 1e-5
+ *   of a cumulative boundary. NaN logits are never chosen; a row whose largest logit is +inf (or
+ *   that has no number) takes the greedy answer. One CTA per row, no workspace, no allocation;
+ *   nothing is read from the host, so the call can be captured in a CUDA graph.
+ */
+DSA_API int32_t dsa_sample_tokens(void const* logits, int64_t row_stride, int32_t* out, float const* temperature,
+    float const* top_p, uint64_t const* seeds, int64_t const* offsets, int64_t B, int64_t V, int32_t dtype,
+    void* stream);
 
 #ifdef __cplusplus
 }

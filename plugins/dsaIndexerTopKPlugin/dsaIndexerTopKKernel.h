@@ -18,6 +18,11 @@ struct IndexerTopKParams
     int64_t B{0}, S{0}, T{0}, H{0}, D{0}, topk{0};
     float scale{1.F};
     int32_t causal{1};
+    // Paged index-key cache (dsa_indexer_topk_paged[_fp8]); blockTable == nullptr: k is contiguous [B,T,D].
+    int32_t const* blockTable{nullptr}; //!< [B,M]: logical key t of row b is pool row blockTable[b,t/page]*page + t%page
+    int32_t const* queryStart{nullptr}; //!< [B]: query s of row b sits at queryStart[b] + s (paged only)
+    float const* kScale{nullptr};       //!< [P,page] float32, one scale per token (FP8 keys only)
+    int64_t P{0}, page{0}, M{0};        //!< pool pages, tokens per page, table columns (T = M * page)
 };
 
 //! Score rows kept in the workspace by default (256 MiB of fp32 scores at most).
@@ -37,5 +42,21 @@ int32_t indexerTopKPath(int64_t H, int64_t D, DType dtype, bool aligned, DeviceI
 //! Validates the parameters and enqueues logits + top-k kernels, chunked to fit the workspace.
 int32_t launchIndexerTopK(IndexerTopKParams const& p, DType dtype, DType wDtype, void* workspace,
     size_t workspaceBytes, cudaStream_t stream);
+
+//! The paged form: p.k is the key pool [P,page,D] (dtype, or uint8 e4m3fn codes with p.kScale when
+//! fp8Keys), p.T must be M * page; blockTable and queryStart are required.
+int32_t launchIndexerTopKPaged(IndexerTopKParams const& p, DType dtype, DType wDtype, bool fp8Keys, void* workspace,
+    size_t workspaceBytes, cudaStream_t stream);
+
+//! Which top-k the launcher runs: 0 = its own choice (multi-block for few long rows), 1 = one CTA per
+//! row, 2 = multi-block (splits of 512 keys), 3 = multi-block with a 64-entry shared candidate buffer
+//! (exercises the overflow path). For tests and benchmarks; returns the previous mode (-1: invalid).
+int32_t indexerTopKSetSelectMode(int32_t mode);
+
+//! FP8 keys (dsa_indexer_topk_paged_fp8): 1 = on sm_89+ with D % 32 == 0 and D <= 128, the logits MMA is
+//! m16n8k32 e4m3 with q quantized to e4m3 (one power-of-two scale per (query, head) row, i.e. per 128
+//! values at D = 128), DeepGEMM's FP8 logits; 0 (default) = the MMA in q's dtype on decoded keys,
+//! which keeps q exact. Returns the previous setting (-1: invalid).
+int32_t indexerTopKSetFp8Mma(int32_t enable);
 
 } // namespace dsa

@@ -24,11 +24,29 @@
  * the K tile's row pitch; v is never dereferenced and each selected row crosses the memory bus
  * once (Dk elements instead of Dk + Dv). The arithmetic, its order and the fp32 accumulation are
  * the same as with a separate v holding those channels, so both forms give the same bits.
+ *
+ * Paged caches, FP8 latent and split-KV (ABI 5) generalise both kernels instead of copying them:
+ *  - where a selected index's row lives: keyRow() turns a logical index into the row of the cache
+ *    (the contiguous caches: the index itself; paged pools: page * pageSize + t % pageSize through the
+ *    block table, -1 for an invalid index or table entry). Everything after the tile's index load
+ *    (copies, masking) is the same code for both.
+ *  - how a K tile is loaded: FP8 (a template parameter of the tensor-core kernel) copies the tile's
+ *    uint8 codes into a staging area with cp.async, in the same pipeline group as the RoPE channels
+ *    (copied straight into the K tile), and after the tile's wait each thread dequantizes chunks of 8
+ *    codes times their block scale (read through the read-only cache) into the compute dtype in the
+ *    K tile (a barrier before the ldmatrix reads). The generic kernel converts each element as it gathers it.
+ *  - which indices a CTA takes: blockIdx.z is the split; a CTA attends to the indices
+ *    [z*splitLen, min(K, (z+1)*splitLen)) and, when split, writes its normalized float32 output and
+ *    log2-sum-exp to the workspace; sparseAttentionCombineKernel merges the splits. One split
+ *    (splitLen = K, no workspace) is the contiguous entry point's unchanged behaviour.
  */
 #include "dsaSparseAttentionKernel.h"
 
 #include "common/dsaMma.cuh"
 
+#include <cuda_fp8.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -48,16 +66,138 @@ struct TcConfig
     size_t smem{0};
 };
 
-size_t tcSmemBytes(int32_t wm, int32_t stages, int64_t dk, int64_t dv, bool valuesFromKeys)
+//! Bytes per staged FP8 key row of the tensor-core kernel: its C codes.
+int64_t fp8StageRowBytes(SparseAttentionParams const& p)
+{
+    return p.fp8 ? p.C : 0;
+}
+
+size_t tcSmemBytes(int32_t wm, int32_t stages, int64_t dk, int64_t dv, bool valuesFromKeys, int64_t fp8RowBytes = 0)
 {
     int64_t const hb = 16 * wm;
     int64_t const vPitch = valuesFromKeys ? 0 : dv + 8; // values from keys have no V tile of their own
     int64_t const elems = hb * (dk + 8) + stages * kTC_BN * ((dk + 8) + vPitch) + hb * (kTC_BN + 8);
     return static_cast<size_t>(elems) * 2 + static_cast<size_t>(4 * hb) * sizeof(float)
-        + static_cast<size_t>(stages * kTC_BN) * sizeof(int32_t);
+        + static_cast<size_t>(stages * kTC_BN) * sizeof(int32_t)
+        + static_cast<size_t>(stages * kTC_BN * fp8RowBytes); // FP8: the staged codes
 }
 
-template <typename T, int WM, int NT>
+//! The cache row that selected index t of batch row b names, or -1 when it names none. Contiguous
+//! caches: t itself (the caller's base pointer holds row b, and checks t < T). Paged pools: the pool
+//! row of logical position t through the block table, -1 when t is outside [0, M*page) or its table
+//! entry outside [0, P) (so pages no row names are never read).
+__device__ __forceinline__ int keyRow(SparseAttentionParams const& p, int64_t b, int t)
+{
+    if (p.blockTable == nullptr)
+    {
+        return t;
+    }
+    if (t < 0 || t >= p.M * p.page)
+    {
+        return -1;
+    }
+    int const entry = __ldg(p.blockTable + b * p.M + t / p.page);
+    return entry >= 0 && entry < p.P ? entry * static_cast<int>(p.page) + t % static_cast<int>(p.page) : -1;
+}
+
+//! First row of batch row b's keys: b * T for contiguous caches, 0 for pools (rows come from keyRow).
+__device__ __forceinline__ int64_t firstKeyRow(SparseAttentionParams const& p, int64_t b)
+{
+    return p.blockTable == nullptr ? b * p.T : 0;
+}
+
+//! Writes a CTA's result for head row h (of query bs): the output in T, or, when split, its
+//! normalized float32 partial output and log2-sum-exp in the workspace (split z = blockIdx.z).
+template <typename T>
+__device__ __forceinline__ void storeResultPair(
+    SparseAttentionParams const& p, int64_t bs, int64_t h, int64_t col, float v0, float v1)
+{
+    int64_t const row = bs * p.H + h;
+    if (p.partial != nullptr)
+    {
+        float* dst = p.partial + (static_cast<int64_t>(blockIdx.z) * p.B * p.S * p.H + row) * p.Dv + col;
+        dst[0] = v0;
+        dst[1] = v1;
+    }
+    else
+    {
+        storeAligned(static_cast<T*>(p.out) + row * p.Dv + col, mma::packPair<T>(v0, v1));
+    }
+}
+
+__device__ __forceinline__ void storeLse(SparseAttentionParams const& p, int64_t bs, int64_t h, float lse2)
+{
+    p.partialLse[static_cast<int64_t>(blockIdx.z) * p.B * p.S * p.H + bs * p.H + h] = lse2;
+}
+
+//! FP8 latent tile load (every thread; rows[r] is the pool row of tile row r or -1): the codes of
+//! each row into the staging area, its RoPE channels straight into the K tile's columns [C, C+R).
+//! Invalid rows are zero-filled (the scores are masked anyway). Part of the caller's cp.async group.
+template <typename T>
+__device__ __forceinline__ void loadFp8Tile(SparseAttentionParams const& p, int64_t kvh, int const* rows,
+    uint8_t* codesS, T* kS)
+{
+    constexpr int BN = kTC_BN;
+    int const nC = static_cast<int>(p.C);
+    int const nR = static_cast<int>(p.R);
+    int const ldk = static_cast<int>(p.Dk) + 8;
+    uint8_t const* codes = static_cast<uint8_t const*>(p.k) + kvh * p.C;
+    T const* rope = static_cast<T const*>(p.kRope) + kvh * p.R;
+    int const codeChunks = nC / 16;
+    for (int i = threadIdx.x; i < BN * codeChunks; i += blockDim.x)
+    {
+        int const r = i / codeChunks;
+        int const cc = i - r * codeChunks;
+        int const t = rows[r];
+        uint8_t const* src = t >= 0 ? codes + static_cast<int64_t>(t) * p.Hkv * p.C + cc * 16 : codes;
+        mma::cpAsync16(codesS + r * nC + cc * 16, src, t >= 0);
+    }
+    int const ropeChunks = nR / 8;
+    for (int i = threadIdx.x; i < BN * ropeChunks; i += blockDim.x)
+    {
+        int const r = i / ropeChunks;
+        int const cc = i - r * ropeChunks;
+        int const t = rows[r];
+        T const* src = t >= 0 ? rope + static_cast<int64_t>(t) * p.Hkv * p.R + cc * 8 : rope;
+        mma::cpAsync16(kS + r * ldk + nC + cc * 8, src, t >= 0);
+    }
+}
+
+//! Dequantizes a landed FP8 tile (every thread): K tile row r, columns [0, C) = decode(code) * the
+//! scale of the code's scaleBlock channels, rounded once to T (8 codes per step; scaleBlock % 8 == 0).
+//! The scales (C / scaleBlock floats per row) are read through the read-only cache as they are used.
+template <typename T>
+__device__ __forceinline__ void dequantizeFp8Tile(
+    SparseAttentionParams const& p, int64_t kvh, int const* rows, uint8_t const* codesS, T* kS, int ldk)
+{
+    constexpr int BN = kTC_BN;
+    int const nC = static_cast<int>(p.C);
+    int const scaleBlock = static_cast<int>(p.scaleBlock);
+    int const chunks = nC / 8;
+    int const nScales = nC / scaleBlock;
+    float const* scales = p.kScale + kvh * nScales;
+    for (int i = threadIdx.x; i < BN * chunks; i += blockDim.x)
+    {
+        int const r = i / chunks;
+        int const cc = i - r * chunks;
+        int const t = rows[r];
+        uint2 const words = loadAligned<uint2>(codesS + r * nC + cc * 8);
+        float const scale = t >= 0 ? __ldg(scales + static_cast<int64_t>(t) * p.Hkv * nScales + (cc * 8) / scaleBlock) : 0.F;
+        uint32_t packed[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+        {
+            uint32_t const word = e < 2 ? words.x : words.y;
+            auto const pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * (e & 1))) & 0xffffU);
+            __half2 const h2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
+            float2 const f = __half22float2(h2);
+            packed[e] = mma::packPair<T>(f.x * scale, f.y * scale);
+        }
+        storeAligned(kS + r * ldk + cc * 8, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+    }
+}
+
+template <typename T, int WM, int NT, bool FP8>
 __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttentionParams p, int32_t stages)
 {
     constexpr int HB = WM * 16;
@@ -82,6 +222,9 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
     float* sMax = reinterpret_cast<float*>(sP + HB * ldp); // [2][HB]
     float* sSum = sMax + 2 * HB;                           // [2][HB]
     int* sIdx = reinterpret_cast<int*>(sSum + 2 * HB);     // [stages][BN]
+    // FP8: the staged codes [stages][BN][C].
+    int const nC = static_cast<int>(p.C);
+    uint8_t* sCodes = reinterpret_cast<uint8_t*>(sIdx + stages * BN);
 
     int const warp = threadIdx.x >> 5;
     int const lane = threadIdx.x & 31;
@@ -99,9 +242,13 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
 
     T const* q = static_cast<T const*>(p.q) + (bs * p.H + h0) * p.Dk;
     int32_t const* idx = p.indices + bs * p.K;
-    T const* kBase = static_cast<T const*>(p.k) + (b * p.T * p.Hkv + kvh) * p.Dk;
-    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * DV;
+    int64_t const row0 = firstKeyRow(p, b);
+    T const* kBase = static_cast<T const*>(p.k) + (row0 * p.Hkv + kvh) * p.Dk;
+    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (row0 * p.Hkv + kvh) * DV;
     int64_t const kRowStride = p.Hkv * p.Dk;
+    // The indices of this CTA's split.
+    int64_t const jBegin = static_cast<int64_t>(blockIdx.z) * p.splitLen;
+    int64_t const jEnd = min(p.K, jBegin + p.splitLen);
     int64_t const vRowStride = p.Hkv * DV;
     int const kChunks = dk / 8;
     constexpr int vChunks = DV / 8;
@@ -115,7 +262,7 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
 
     // Called by every thread (the conditions around each call are uniform), so it may hold a barrier.
     auto loadTile = [&](int64_t tile, int buf) {
-        int64_t const j0 = tile * BN;
+        int64_t const j0 = jBegin + tile * BN;
         T* kS = sK + buf * BN * ldk;
         T* vS = sV + buf * BN * ldv;
         int* idxS = sIdx + buf * BN;
@@ -129,31 +276,38 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
         for (int r = threadIdx.x; r < BN; r += NTHREADS)
         {
             int64_t const j = j0 + r;
-            int const t = j < p.K ? __ldg(idx + j) : -1;
+            int const t = j < jEnd ? keyRow(p, b, __ldg(idx + j)) : -1;
             idxS[r] = (t >= 0 && t < p.T) ? t : -1;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < BN * kChunks; i += NTHREADS)
+        if constexpr (FP8)
         {
-            int const r = i / kChunks;
-            int const cc = i - r * kChunks;
-            int const t = idxS[r];
-            bool const valid = t >= 0;
-            T const* src = valid ? kBase + static_cast<int64_t>(t) * kRowStride + cc * 8 : kBase;
-            mma::cpAsync16(kS + r * ldk + cc * 8, src, valid);
+            loadFp8Tile(p, kvh, idxS, sCodes + buf * BN * nC, kS);
         }
-        for (int i = threadIdx.x; !vFromK && i < BN * vChunks; i += NTHREADS)
+        else
         {
-            int const r = i / vChunks;
-            int const cc = i - r * vChunks;
-            int const t = idxS[r];
-            bool const valid = t >= 0;
-            T const* src = valid ? vBase + static_cast<int64_t>(t) * vRowStride + cc * 8 : vBase;
-            mma::cpAsync16(vS + r * ldv + cc * 8, src, valid);
+            for (int i = threadIdx.x; i < BN * kChunks; i += NTHREADS)
+            {
+                int const r = i / kChunks;
+                int const cc = i - r * kChunks;
+                int const t = idxS[r];
+                bool const valid = t >= 0;
+                T const* src = valid ? kBase + static_cast<int64_t>(t) * kRowStride + cc * 8 : kBase;
+                mma::cpAsync16(kS + r * ldk + cc * 8, src, valid);
+            }
+            for (int i = threadIdx.x; !vFromK && i < BN * vChunks; i += NTHREADS)
+            {
+                int const r = i / vChunks;
+                int const cc = i - r * vChunks;
+                int const t = idxS[r];
+                bool const valid = t >= 0;
+                T const* src = valid ? vBase + static_cast<int64_t>(t) * vRowStride + cc * 8 : vBase;
+                mma::cpAsync16(vS + r * ldv + cc * 8, src, valid);
+            }
         }
     };
 
-    int64_t const nTiles = (p.K + BN - 1) / BN;
+    int64_t const nTiles = jEnd > jBegin ? (jEnd - jBegin + BN - 1) / BN : 0;
     if (nTiles > 0)
     {
         loadTile(0, 0);
@@ -185,6 +339,14 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
             mma::cpAsyncWait<0>();
         }
         __syncthreads();
+
+        if constexpr (FP8)
+        {
+            // The codes and scales of this tile have landed: dequantize them into the K tile's first C
+            // columns (the RoPE columns came by cp.async), then publish them to every warp's ldmatrix.
+            dequantizeFp8Tile<T>(p, kvh, sIdx + buf * BN, sCodes + buf * BN * nC, sK + buf * BN * ldk, ldk);
+            __syncthreads();
+        }
 
         T const* kS = sK + buf * BN * ldk;
         T const* vS = vFromK ? kS : sV + buf * BN * ldv;
@@ -318,14 +480,18 @@ __global__ void __launch_bounds__(WM * 64) sparseAttentionMmaKernel(SparseAttent
     {
         float const total = lRow[r] + sSum[(half ^ 1) * HB + rowBase + g + 8 * r];
         inv[r] = total > 0.F ? 1.F / total : 0.F;
+        if (p.partial != nullptr && half == 0 && c == 0)
+        {
+            storeLse(p, bs, h0 + rowBase + g + 8 * r, total > 0.F ? mRow[r] + log2f(total) : -INFINITY);
+        }
     }
-    T* out = static_cast<T*>(p.out) + (bs * p.H + h0 + rowBase) * DV + half * DVH;
+    int64_t const hRow = h0 + rowBase + g;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
     {
-        int const col = nt * 8 + 2 * c;
-        storeAligned(out + g * DV + col, mma::packPair<T>(o[nt][0] * inv[0], o[nt][1] * inv[0]));
-        storeAligned(out + (g + 8) * DV + col, mma::packPair<T>(o[nt][2] * inv[1], o[nt][3] * inv[1]));
+        int64_t const col = half * DVH + nt * 8 + 2 * c;
+        storeResultPair<T>(p, bs, hRow, col, o[nt][0] * inv[0], o[nt][1] * inv[0]);
+        storeResultPair<T>(p, bs, hRow + 8, col, o[nt][2] * inv[1], o[nt][3] * inv[1]);
     }
 }
 
@@ -338,6 +504,34 @@ size_t genericSmemBytes(int64_t bn, int64_t hc, int64_t dk, int64_t dv, bool val
 {
     int64_t const rowElems = valuesFromKeys ? dk : dk + dv; // values from keys are read out of the K rows
     return static_cast<size_t>(bn * rowElems + hc * (dk + dv)) * sizeof(float) + static_cast<size_t>(bn) * sizeof(int);
+}
+
+//! Element d of key row `row` (pool row, or row of the batch row's contiguous cache) for kv head kvh,
+//! as float: a T element, or for the FP8 latent float32(decode(code) * scale) for d < C and the RoPE
+//! channel d - C (in ropeDtype) after them.
+template <typename T>
+__device__ __forceinline__ float keyElement(SparseAttentionParams const& p, T const* kBase, int64_t kvh, int64_t row,
+    int64_t d)
+{
+    if (!p.fp8)
+    {
+        return toFloat(kBase[row * p.Hkv * p.Dk + d]);
+    }
+    int64_t const slot = row * p.Hkv + kvh;
+    if (d < p.C)
+    {
+        uint8_t const code = static_cast<uint8_t const*>(p.k)[slot * p.C + d];
+        __half_raw const h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+        int64_t const nScales = p.C / p.scaleBlock;
+        return __half2float(__half(h)) * p.kScale[slot * nScales + d / p.scaleBlock];
+    }
+    int64_t const e = slot * p.R + (d - p.C);
+    switch (p.ropeDtype)
+    {
+    case DType::kFLOAT16: return toFloat(static_cast<__half const*>(p.kRope)[e]);
+    case DType::kBFLOAT16: return toFloat(static_cast<__nv_bfloat16 const*>(p.kRope)[e]);
+    default: return static_cast<float const*>(p.kRope)[e];
+    }
 }
 
 template <typename T>
@@ -368,8 +562,12 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
 
     T const* q = static_cast<T const*>(p.q) + (bs * p.H + h0) * dk;
     int32_t const* idx = p.indices + bs * p.K;
-    T const* kBase = static_cast<T const*>(p.k) + (b * p.T * p.Hkv + kvh) * dk;
-    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (b * p.T * p.Hkv + kvh) * dv;
+    int64_t const row0 = firstKeyRow(p, b);
+    // FP8: keyElement addresses the pools itself from the row (kBase unused).
+    T const* kBase = static_cast<T const*>(p.k) + (p.fp8 ? 0 : (row0 * p.Hkv + kvh) * dk);
+    T const* vBase = vFromK ? kBase : static_cast<T const*>(p.v) + (row0 * p.Hkv + kvh) * dv;
+    int64_t const jBegin = static_cast<int64_t>(blockIdx.z) * p.splitLen;
+    int64_t const jEnd = min(p.K, jBegin + p.splitLen);
 
     for (int64_t i = threadIdx.x; i < nHeads * dk; i += nThreads)
     {
@@ -386,13 +584,13 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
     float* acc = sAcc + warp * dv;
     float const* qh = sQ + warp * dk;
 
-    for (int64_t j0 = 0; j0 < p.K; j0 += bn)
+    for (int64_t j0 = jBegin; j0 < jEnd; j0 += bn)
     {
-        int64_t const rows = min(static_cast<int64_t>(bn), p.K - j0);
+        int64_t const rows = min(static_cast<int64_t>(bn), jEnd - j0);
         __syncthreads();
         for (int r = threadIdx.x; r < rows; r += nThreads)
         {
-            int const t = idx[j0 + r];
+            int const t = keyRow(p, b, idx[j0 + r]);
             sValid[r] = (t >= 0 && t < p.T) ? t : -1;
         }
         __syncthreads();
@@ -401,7 +599,7 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
             int64_t const r = i / dk;
             int64_t const d = i - r * dk;
             int const t = sValid[r];
-            sK[i] = t >= 0 ? toFloat(kBase[static_cast<int64_t>(t) * p.Hkv * dk + d]) : 0.F;
+            sK[i] = t >= 0 ? keyElement(p, kBase, kvh, t, d) : 0.F;
         }
         for (int64_t i = threadIdx.x; !vFromK && i < rows * dv; i += nThreads)
         {
@@ -446,6 +644,19 @@ __global__ void sparseAttentionGenericKernel(SparseAttentionParams p, int32_t hc
     if (active)
     {
         float const inv = l > 0.F ? 1.F / l : 0.F;
+        if (p.partial != nullptr)
+        {
+            float* part = p.partial + (static_cast<int64_t>(blockIdx.z) * p.B * p.S * p.H + bs * p.H + h0 + warp) * dv;
+            for (int64_t d = lane; d < dv; d += 32)
+            {
+                part[d] = acc[d] * inv;
+            }
+            if (lane == 0)
+            {
+                storeLse(p, bs, h0 + warp, l > 0.F ? (m + logf(l)) * kLOG2E : -INFINITY);
+            }
+            return;
+        }
         T* out = static_cast<T*>(p.out) + (bs * p.H + h0 + warp) * dv;
         for (int64_t d = lane; d < dv; d += 32)
         {
@@ -485,7 +696,8 @@ int32_t launchGeneric(SparseAttentionParams const& p, DeviceInfo const& dev, cud
             return st;
         }
     }
-    dim3 const grid(static_cast<uint32_t>(p.B * p.S), static_cast<uint32_t>(p.Hkv * ceilDiv(groups, hc)));
+    dim3 const grid(static_cast<uint32_t>(p.B * p.S), static_cast<uint32_t>(p.Hkv * ceilDiv(groups, hc)),
+        static_cast<uint32_t>(p.numSplits));
     kernel<<<grid, static_cast<uint32_t>(32 * hc), smem, stream>>>(p, static_cast<int32_t>(hc), static_cast<int32_t>(bn));
     return checkCuda(cudaGetLastError(), "sparseAttentionGenericKernel launch");
 }
@@ -493,7 +705,7 @@ int32_t launchGeneric(SparseAttentionParams const& p, DeviceInfo const& dev, cud
 template <typename T, int WM, int NT>
 int32_t launchTcInstance(SparseAttentionParams const& p, TcConfig const& cfg, cudaStream_t stream)
 {
-    auto kernel = sparseAttentionMmaKernel<T, WM, NT>;
+    auto kernel = p.fp8 ? sparseAttentionMmaKernel<T, WM, NT, true> : sparseAttentionMmaKernel<T, WM, NT, false>;
     int32_t const st = checkCuda(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(cfg.smem)),
         "cudaFuncSetAttribute(sparseAttentionMmaKernel)");
@@ -502,7 +714,8 @@ int32_t launchTcInstance(SparseAttentionParams const& p, TcConfig const& cfg, cu
         return st;
     }
     int64_t const groups = p.H / p.Hkv;
-    dim3 const grid(static_cast<uint32_t>(p.B * p.S), static_cast<uint32_t>(p.Hkv * (groups / (16 * WM))));
+    dim3 const grid(static_cast<uint32_t>(p.B * p.S), static_cast<uint32_t>(p.Hkv * (groups / (16 * WM))),
+        static_cast<uint32_t>(p.numSplits));
     kernel<<<grid, WM * 64, cfg.smem, stream>>>(p, cfg.stages);
     return checkCuda(cudaGetLastError(), "sparseAttentionMmaKernel launch");
 }
@@ -536,7 +749,8 @@ bool tcShapeOk(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, DType dtype, int3
         && Dk % 16 == 0 && Dk > 0 && (Dv == 128 || Dv == 256 || Dv == 512);
 }
 
-TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, bool valuesFromKeys, size_t maxSmem)
+TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, bool valuesFromKeys, size_t maxSmem,
+    int64_t fp8RowBytes = 0)
 {
     for (int32_t wm : {4, 2, 1})
     {
@@ -546,7 +760,7 @@ TcConfig pickTcConfig(int64_t groups, int64_t Dk, int64_t Dv, bool valuesFromKey
         }
         for (int32_t stages : {2, 1})
         {
-            size_t const smem = tcSmemBytes(wm, stages, Dk, Dv, valuesFromKeys);
+            size_t const smem = tcSmemBytes(wm, stages, Dk, Dv, valuesFromKeys, fp8RowBytes);
             if (smem <= maxSmem)
             {
                 return TcConfig{wm, stages, smem};
@@ -575,7 +789,133 @@ TcConfig planTc(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, bool valuesFromK
     return pickTcConfig(H / Hkv, Dk, Dv, valuesFromKeys, dev.maxSmemOptin);
 }
 
+//! planTc for a paged call: the FP8 latent additionally needs 16-byte code rows, 8-channel RoPE
+//! chunks in q's dtype and scale blocks of whole 8-code chunks, and its staging area in shared memory.
+TcConfig planTcPaged(SparseAttentionParams const& p, bool aligned, DType dtype, DeviceInfo const& dev)
+{
+    if (!p.fp8)
+    {
+        return planTc(p.H, p.Hkv, p.Dk, p.Dv, p.valuesFromKeys, aligned, dtype, dev);
+    }
+    bool const fp8Ok = p.C % 16 == 0 && p.R % 8 == 0 && p.scaleBlock % 8 == 0 && p.ropeDtype == dtype;
+    if (!aligned || !fp8Ok || !tcShapeOk(p.H, p.Hkv, p.Dk, p.Dv, dtype, dev.smMajor))
+    {
+        return TcConfig{};
+    }
+    return pickTcConfig(p.H / p.Hkv, p.Dk, p.Dv, true, dev.maxSmemOptin, fp8StageRowBytes(p));
+}
+
+//! Merges the splits of each output row (one CTA per row (b, s, h)): out = sum_z w_z o_z / sum_z w_z
+//! with w_z = 2^(lse_z - max lse), splits without a valid key (lse = -inf) weigh 0, rows without any
+//! are 0. The order of the sum is the split order: the same bits on every run.
+template <typename T>
+__global__ void sparseAttentionCombineKernel(SparseAttentionParams p)
+{
+    int64_t const row = blockIdx.x; // (b * S + s) * H + h
+    int64_t const rows = p.B * p.S * p.H;
+    float lseMax = -INFINITY;
+    for (int32_t z = 0; z < p.numSplits; ++z)
+    {
+        lseMax = fmaxf(lseMax, p.partialLse[z * rows + row]);
+    }
+    T* out = static_cast<T*>(p.out) + row * p.Dv;
+    for (int64_t d = threadIdx.x; d < p.Dv; d += blockDim.x)
+    {
+        float num = 0.F;
+        float den = 0.F;
+        for (int32_t z = 0; lseMax != -INFINITY && z < p.numSplits; ++z)
+        {
+            float const w = exp2f(p.partialLse[z * rows + row] - lseMax);
+            den += w;
+            num = fmaf(w, p.partial[(z * rows + row) * p.Dv + d], num);
+        }
+        out[d] = fromFloat<T>(den > 0.F ? num / den : 0.F);
+    }
+}
+
+template <typename T>
+int32_t launchCombine(SparseAttentionParams const& p, cudaStream_t stream)
+{
+    sparseAttentionCombineKernel<T><<<static_cast<uint32_t>(p.B * p.S * p.H), 128, 0, stream>>>(p);
+    return checkCuda(cudaGetLastError(), "sparseAttentionCombineKernel launch");
+}
+
+//! Enqueues the attention kernels for validated parameters (p.splitLen and, when split, the partial
+//! buffers set): the tensor-core kernel when `cfg` holds one, else the generic kernel, then the combine.
+int32_t launchPlanned(SparseAttentionParams const& p, TcConfig const& cfg, DType dtype, DeviceInfo const& dev,
+    cudaStream_t stream)
+{
+    int32_t st = kSUCCESS;
+    if (cfg.wm != 0)
+    {
+        st = dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, stream) : launchTc<__nv_bfloat16>(p, cfg, stream);
+    }
+    else
+    {
+        switch (dtype)
+        {
+        case DType::kFLOAT32: st = launchGeneric<float>(p, dev, stream); break;
+        case DType::kFLOAT16: st = launchGeneric<__half>(p, dev, stream); break;
+        case DType::kBFLOAT16: st = launchGeneric<__nv_bfloat16>(p, dev, stream); break;
+        case DType::kFP8_E4M3: return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: unknown dtype");
+        }
+    }
+    if (st != kSUCCESS || p.partial == nullptr)
+    {
+        return st;
+    }
+    switch (dtype)
+    {
+    case DType::kFLOAT32: return launchCombine<float>(p, stream);
+    case DType::kFLOAT16: return launchCombine<__half>(p, stream);
+    default: return launchCombine<__nv_bfloat16>(p, stream);
+    }
+}
+
+constexpr int64_t kSplitMinIndices = 256; // fewest indices per split the automatic schedule makes
+constexpr int32_t kMaxSplits = 64;
+
 } // namespace
+
+int32_t sparseAttentionSplits(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t K, int32_t requested,
+    DeviceInfo const& dev, int64_t* splitLen)
+{
+    int64_t n = 1;
+    // requested < 0: the schedule the launcher would choose on a GPU of -requested SMs, whatever
+    // this device has (a caller that sized its workspace in advance, e.g. a TensorRT plugin).
+    int64_t const sms = requested < 0 ? -static_cast<int64_t>(requested) : static_cast<int64_t>(dev.numSMs);
+    if (requested > 0)
+    {
+        n = requested;
+    }
+    else if (Hkv > 0 && H % Hkv == 0)
+    {
+        // CTAs of one split: one per (query, kv head, block of up to 64 heads of the group).
+        int64_t const ctas = B * S * Hkv * ceilDiv(H / Hkv, 64);
+        if (ctas > 0 && ctas < sms)
+        {
+            n = std::min<int64_t>(std::min<int64_t>(ceilDiv(2 * sms, ctas), K / kSplitMinIndices), kMaxSplits);
+        }
+    }
+    n = std::max<int64_t>(1, std::min<int64_t>(n, ceilDiv(K, kTC_BN)));
+    // Whole 32-index tiles per split (the generic kernel's tiles, at most 32 and a power of two, divide them).
+    int64_t const len = n > 1 ? ceilDiv(ceilDiv(K, n), kTC_BN) * kTC_BN : K;
+    if (splitLen != nullptr)
+    {
+        *splitLen = len;
+    }
+    return n > 1 ? static_cast<int32_t>(ceilDiv(K, len)) : 1;
+}
+
+size_t sparseAttentionSplitWorkspace(int64_t B, int64_t S, int64_t H, int64_t Dv, int32_t splits)
+{
+    if (splits <= 1)
+    {
+        return 0;
+    }
+    size_t const rows = static_cast<size_t>(splits) * static_cast<size_t>(B * S * H);
+    return alignUp(rows * static_cast<size_t>(Dv) * sizeof(float), 256) + alignUp(rows * sizeof(float), 256);
+}
 
 int32_t sparseAttentionPath(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, bool valuesFromKeys, bool aligned,
     DType dtype, DeviceInfo const& dev)
@@ -633,18 +973,95 @@ int32_t launchSparseAttention(SparseAttentionParams const& p, DType dtype, cudaS
     }
     bool const aligned = aligned16(p.q) && aligned16(p.k) && (p.valuesFromKeys || aligned16(p.v)) && aligned16(p.out);
     TcConfig const cfg = planTc(p.H, p.Hkv, p.Dk, p.Dv, p.valuesFromKeys, aligned, dtype, dev);
-    if (cfg.wm != 0)
+    SparseAttentionParams one = p; // the contiguous entry point never splits
+    one.numSplits = 1;
+    one.splitLen = p.K;
+    one.partial = nullptr;
+    one.partialLse = nullptr;
+    return launchPlanned(one, cfg, dtype, dev, stream);
+}
+
+int32_t launchSparseAttentionPaged(SparseAttentionParams p, DType dtype, int32_t numSplits, void* workspace,
+    size_t workspaceBytes, cudaStream_t stream)
+{
+    std::string const op = p.fp8 ? "DSASparseAttentionPagedFP8" : "DSASparseAttentionPaged";
+    if (dtype != DType::kFLOAT32 && dtype != DType::kFLOAT16 && dtype != DType::kBFLOAT16)
     {
-        return dtype == DType::kFLOAT16 ? launchTc<__half>(p, cfg, stream) : launchTc<__nv_bfloat16>(p, cfg, stream);
+        return setLastError(kINVALID_ARGUMENT, op + ": q must be float32, float16 or bfloat16");
     }
-    switch (dtype)
+    if (p.fp8 && p.ropeDtype != DType::kFLOAT32 && p.ropeDtype != DType::kFLOAT16 && p.ropeDtype != DType::kBFLOAT16)
     {
-    case DType::kFLOAT32: return launchGeneric<float>(p, dev, stream);
-    case DType::kFLOAT16: return launchGeneric<__half>(p, dev, stream);
-    case DType::kBFLOAT16: return launchGeneric<__nv_bfloat16>(p, dev, stream);
-    case DType::kFP8_E4M3: break; // rejected above
+        return setLastError(kINVALID_ARGUMENT, op + ": k_rope_pool must be float32, float16 or bfloat16");
     }
-    return setLastError(kINVALID_ARGUMENT, "DSASparseAttention: unknown dtype");
+    if (p.B < 0 || p.S < 0 || p.K < 0 || p.M < 0 || p.P <= 0 || p.page <= 0 || p.H <= 0 || p.Hkv <= 0
+        || p.Dk <= 0 || p.Dv <= 0)
+    {
+        return setLastError(kINVALID_ARGUMENT,
+            op + ": dimensions must be positive (B, S, K, M >= 0; P, page >= 1)");
+    }
+    if (p.fp8 && (p.C <= 0 || p.R < 0 || p.scaleBlock <= 0 || p.C % p.scaleBlock != 0))
+    {
+        return setLastError(kINVALID_ARGUMENT,
+            op + ": C = " + std::to_string(p.C) + " must be a positive multiple of block_size = "
+                + std::to_string(p.scaleBlock));
+    }
+    if (p.H % p.Hkv != 0)
+    {
+        return setLastError(kINVALID_ARGUMENT,
+            op + ": H = " + std::to_string(p.H) + " is not a multiple of Hkv = " + std::to_string(p.Hkv));
+    }
+    if (p.valuesFromKeys && p.Dv > p.Dk)
+    {
+        return setLastError(kINVALID_ARGUMENT, op + ": values from keys need Dv <= Dk");
+    }
+    if (p.B * p.S == 0)
+    {
+        return kSUCCESS;
+    }
+    if (p.q == nullptr || p.out == nullptr || p.k == nullptr || (p.K > 0 && (p.indices == nullptr))
+        || (p.M > 0 && p.blockTable == nullptr) || (!p.fp8 && !p.valuesFromKeys && p.v == nullptr)
+        || (p.fp8 && (p.kScale == nullptr || (p.R > 0 && p.kRope == nullptr))))
+    {
+        return setLastError(kINVALID_ARGUMENT, op + ": a required pointer is null");
+    }
+    if (p.B * p.S > 0x7fffffffLL || p.Hkv * p.H > 65535 || p.P * p.page > 0x7fffffffLL
+        || p.M * p.page > 0x7fffffffLL)
+    {
+        return setLastError(kUNSUPPORTED, op + ": B*S, H, P*page or M*page exceeds the kernels' limits");
+    }
+    if (p.K == 0 || p.M == 0)
+    {
+        return checkCuda(
+            cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.B * p.S * p.H * p.Dv) * dtypeSize(dtype), stream),
+            (op + " out memset").c_str());
+    }
+    DeviceInfo dev;
+    if (!currentDeviceInfo(dev))
+    {
+        return kCUDA_ERROR;
+    }
+    p.T = p.P * p.page; // rows of the pools: the kernels check a translated row against it
+    p.numSplits = sparseAttentionSplits(p.B, p.S, p.H, p.Hkv, p.K, numSplits, dev, &p.splitLen);
+    p.partial = nullptr;
+    p.partialLse = nullptr;
+    if (p.numSplits > 1)
+    {
+        size_t const need = sparseAttentionSplitWorkspace(p.B, p.S, p.H, p.Dv, p.numSplits);
+        if (workspace == nullptr || workspaceBytes < need || !aligned16(workspace))
+        {
+            return setLastError(kWORKSPACE_TOO_SMALL,
+                op + ": " + std::to_string(p.numSplits) + " splits need a 16-byte aligned workspace of "
+                    + std::to_string(need) + " bytes, got " + std::to_string(workspaceBytes));
+        }
+        size_t const rows = static_cast<size_t>(p.numSplits) * static_cast<size_t>(p.B * p.S * p.H);
+        p.partial = static_cast<float*>(workspace);
+        p.partialLse = reinterpret_cast<float*>(
+            static_cast<unsigned char*>(workspace) + alignUp(rows * static_cast<size_t>(p.Dv) * sizeof(float), 256));
+    }
+    bool const aligned = aligned16(p.q) && aligned16(p.k) && aligned16(p.out)
+        && (p.fp8 ? (p.R == 0 || aligned16(p.kRope)) : (p.valuesFromKeys || aligned16(p.v)));
+    TcConfig const cfg = planTcPaged(p, aligned, dtype, dev);
+    return launchPlanned(p, cfg, dtype, dev, stream);
 }
 
 } // namespace dsa

@@ -976,11 +976,89 @@ void executeLdmatrix(Cta* cta, int warp, std::vector<Thread*> const& lanes)
     }
 }
 
+//! Value of an e4m3fn bit pattern (PTX ISA: 1 sign, 4 exponent bits with bias 7, 3 mantissa bits;
+//! S.1111.111 is NaN, there is no infinity), written out here rather than taken from cuda_fp8.h.
+float e4m3ToFloat(uint8_t b)
+{
+    int const e = (b >> 3) & 15;
+    int const m = b & 7;
+    float v;
+    if (e == 15 && m == 7)
+    {
+        v = std::nanf("");
+    }
+    else if (e == 0)
+    {
+        v = std::ldexp(static_cast<float>(m), -9);
+    }
+    else
+    {
+        v = std::ldexp(static_cast<float>(8 + m), e - 10);
+    }
+    return (b & 0x80) ? -v : v;
+}
+
+//! mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 with the PTX ISA's fragment layouts for 8-bit
+//! A/B: a_i (4 per register) holds row g (+8 for i in 4..7 and 12..15), column 4c + (i & 3) (+16 for
+//! i >= 8); b_i holds row (k index) 4c + (i & 3) (+16 for i >= 4), column g; C/D as m16n8k16.
+void executeMmaE4m3(std::vector<Thread*> const& lanes)
+{
+    float A[16][32];
+    float B[32][8];
+    float C[16][8];
+    for (int i = 0; i < 32; ++i)
+    {
+        Thread* t = lanes[i];
+        int const g = i >> 2;
+        int const c = i & 3;
+        for (int k = 0; k < 16; ++k)
+        {
+            auto const reg = static_cast<uint32_t>(t->in[k / 4]);
+            auto const byte = static_cast<uint8_t>((reg >> (8 * (k & 3))) & 0xffU);
+            int const row = g + (((k >> 2) & 1) ? 8 : 0);
+            int const col = 4 * c + (k & 3) + (k >= 8 ? 16 : 0);
+            A[row][col] = e4m3ToFloat(byte);
+        }
+        for (int k = 0; k < 8; ++k)
+        {
+            auto const reg = static_cast<uint32_t>(t->in[4 + k / 4]);
+            auto const byte = static_cast<uint8_t>((reg >> (8 * (k & 3))) & 0xffU);
+            B[4 * c + (k & 3) + (k >= 4 ? 16 : 0)][g] = e4m3ToFloat(byte);
+        }
+        for (int k = 0; k < 4; ++k)
+        {
+            C[g + (k >= 2 ? 8 : 0)][2 * c + (k & 1)] = bitsToFloat(static_cast<uint32_t>(t->in[6 + k]));
+        }
+    }
+    ++gStats.mma;
+    for (int i = 0; i < 32; ++i)
+    {
+        int const g = i >> 2;
+        int const c = i & 3;
+        for (int k = 0; k < 4; ++k)
+        {
+            int const m = g + (k >= 2 ? 8 : 0);
+            int const n = 2 * c + (k & 1);
+            double acc = C[m][n];
+            for (int kk = 0; kk < 32; ++kk)
+            {
+                acc += static_cast<double>(A[m][kk]) * static_cast<double>(B[kk][n]);
+            }
+            lanes[i]->out[k] = floatToBits(static_cast<float>(acc));
+        }
+    }
+}
+
 void executeMma(Cta* cta, int warp, std::vector<Thread*> const& lanes)
 {
     (void) cta;
     (void) warp;
     std::string const& op = parsePtx(lanes[0]->opText).opcode;
+    if (op == "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32")
+    {
+        executeMmaE4m3(lanes);
+        return;
+    }
     if (!startsWith(op, "mma.sync.aligned.m16n8k16.row.col.f32."))
     {
         fault("unsupported mma shape or types: %s", op.c_str());

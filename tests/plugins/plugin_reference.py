@@ -127,3 +127,27 @@ def quantize_blocks(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor
         return _quantize_matrix(weight, block_size)
     pairs = [quantize_blocks(w, block_size) for w in weight]
     return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+
+
+def sparse_attention_paged(q, k_pool, v_pool, indices, block_table, *, scale: float) -> torch.Tensor:
+    """out [B,S,H,Dv] float64 of DSASparseAttentionPaged: dsa_export.ops.reference's NumPy reference
+    fed float64 queries (so it answers in float64). ``v_pool`` None or without pages: values from keys
+    (pass one without pages, ``[0,page,Hkv,Dv]``, to give Dv)."""
+    from dsa_export.ops.reference import sparse_attention_paged_reference
+
+    out = sparse_attention_paged_reference(q.double().cpu().numpy(), k_pool.double().cpu().numpy(),
+                                           v_pool.double().cpu().numpy(), indices.cpu().numpy(),
+                                           block_table.cpu().numpy(), scale=scale)
+    return torch.from_numpy(out)
+
+
+def sparse_attention_paged_fp8(q, k_pool, k_scale_pool, k_rope_pool, indices, block_table, *, scale: float,
+                               block_size: int = 128) -> torch.Tensor:
+    """out [B,S,H,C] float64 of DSASparseAttentionPagedFP8 (the decoded rows are float32, as in the contract)."""
+    from dsa_export.ops.reference import sparse_attention_paged_fp8_reference
+
+    out = sparse_attention_paged_fp8_reference(
+        q.double().cpu().numpy(), k_pool.cpu().numpy(), k_scale_pool.float().cpu().numpy(),
+        k_rope_pool.float().cpu().numpy(), indices.cpu().numpy(), block_table.cpu().numpy(), scale=scale,
+        block_size=block_size)
+    return torch.from_numpy(out)

@@ -37,6 +37,13 @@ C_ABI = (
     "dsa_moe_experts_path",
     "dsa_block_sparse_attention",
     "dsa_block_sparse_attention_path",
+    "dsa_indexer_topk_paged",
+    "dsa_indexer_topk_paged_fp8",
+    "dsa_indexer_topk_paged_workspace_size",
+    "dsa_indexer_topk_paged_min_workspace_size",
+    "dsa_indexer_topk_set_select_mode",
+    "dsa_indexer_topk_set_fp8_mma",
+    "dsa_sample_tokens",
 )
 
 
