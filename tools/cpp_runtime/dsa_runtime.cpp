@@ -25,6 +25,7 @@ RunOptions runOptions(std::string const& path, RuntimeOptions const& options)
     run.path = path;
     run.plugins = options.plugins;
     run.device = options.device;
+    run.kernels = options.kernels;
     return run;
 }
 
@@ -60,15 +61,48 @@ public:
         mInfo.notes = mEngine.notes();
     }
 
-    std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+    std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+        std::vector<SamplingParams> const& sampling)
     {
+        if (!sampling.empty() && sampling.size() != lengths.size())
+        {
+            throw std::invalid_argument("prefill takes one sampling setting per prompt (or none); got "
+                + std::to_string(sampling.size()) + " for " + std::to_string(lengths.size()) + " prompts.");
+        }
+        bool sampled = false;
+        for (SamplingParams const& params : sampling)
+        {
+            checkSampling(params.temperature, params.topP);
+            sampled = sampled || params.temperature > 0.F;
+        }
+        if (sampled && !mEngine.deviceSampling())
+        {
+            throw UserError("sampling (a temperature above 0) needs the device sampler of libdsa_kernels.so; pass its "
+                            "path (RuntimeOptions::kernels or $DSA_EXPORT_KERNELS_LIB) or build it with `dsa-export "
+                            "plugins build`.");
+        }
         CallInputs const call = mScheduler.admit(ids, lengths);
+        for (size_t row = 0; row < call.slots.size(); ++row)
+        {
+            SlotSampling& slot = mSampling[call.slots[row]];
+            slot = SlotSampling();
+            if (!sampling.empty())
+            {
+                slot.temperature = sampling[row].temperature;
+                slot.topP = sampling[row].topP;
+                slot.seed = sampling[row].seed;
+            }
+        }
         try
         {
-            mEngine.run(call);
+            mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
         }
         catch (...)
         {
+            for (int slot : call.slots)
+            {
+                mSampling.erase(slot);
+            }
             mScheduler.abandon(call);
             throw;
         }
@@ -76,10 +110,27 @@ public:
         return call.slots;
     }
 
+    void setSampling(int slot, SamplingParams const& params)
+    {
+        if (!mScheduler.live(slot))
+        {
+            throw std::invalid_argument("slot " + std::to_string(slot) + " holds no sequence.");
+        }
+        checkSampling(params.temperature, params.topP);
+        if (params.temperature > 0.F && !mEngine.deviceSampling())
+        {
+            throw UserError("sampling (a temperature above 0) needs the device sampler of libdsa_kernels.so.");
+        }
+        SlotSampling& state = mSampling[slot];
+        state.temperature = params.temperature;
+        state.topP = params.topP;
+        state.seed = params.seed;
+    }
+
     std::vector<int> decode()
     {
         CallInputs const call = mScheduler.decodeCall();
-        mEngine.run(call);
+        mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
         finish(call);
         std::vector<int> slots;
         for (size_t row = 0; row < call.slots.size(); ++row)
@@ -96,6 +147,7 @@ public:
     {
         mScheduler.release(slot);
         mLogits.erase(slot);
+        mSampling.erase(slot);
     }
 
     std::vector<float> logits(int slot) const
@@ -115,13 +167,21 @@ public:
     Scheduler const& scheduler() const { return mScheduler; }
     RuntimeInfo const& info() const { return mInfo; }
     bool graphsActive() const { return mEngine.graphsActive(); }
+    bool deviceSampling() const { return mEngine.deviceSampling(); }
 
 private:
-    //! The call ran: each row's greedy token (and logits, when kept) go to its slot.
+    //! The call ran: each row's token (and logits, when kept) go to its slot; its draws count on.
     void finish(CallInputs const& call)
     {
         int64_t const vocab = mEngine.vocab();
-        std::vector<int64_t> const chosen = argmaxRows(mEngine.logits(), mEngine.logitType(), call.batch, vocab);
+        std::vector<int64_t> const& chosen = mEngine.tokens();
+        for (size_t row = 0; row < call.slots.size(); ++row)
+        {
+            if (call.slots[row] >= 0 && call.counts[row] > 0)
+            {
+                mSampling[call.slots[row]].step += 1;
+            }
+        }
         for (size_t row = 0; mKeepLogits && row < call.slots.size(); ++row)
         {
             if (call.slots[row] >= 0 && call.counts[row] > 0)
@@ -140,6 +200,7 @@ private:
     bool mKeepLogits;
     RuntimeInfo mInfo;
     std::map<int, std::vector<float>> mLogits;
+    std::map<int, SlotSampling> mSampling;  //!< each live slot's settings and chosen-token count
 };
 
 Runtime::Runtime(std::string const& path, RuntimeOptions const& options)
@@ -153,7 +214,23 @@ Runtime& Runtime::operator=(Runtime&&) noexcept = default;
 
 std::vector<int> Runtime::prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
 {
-    return mImpl->prefill(ids, lengths);
+    return mImpl->prefill(ids, lengths, {});
+}
+
+std::vector<int> Runtime::prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+    std::vector<SamplingParams> const& sampling)
+{
+    return mImpl->prefill(ids, lengths, sampling);
+}
+
+void Runtime::setSampling(int slot, SamplingParams const& sampling)
+{
+    mImpl->setSampling(slot, sampling);
+}
+
+bool Runtime::deviceSampling() const
+{
+    return mImpl->deviceSampling();
 }
 
 std::vector<int> Runtime::decode()
@@ -280,6 +357,43 @@ int dsa_runtime_prefill(dsa_runtime* runtime, int64_t const* ids, int64_t const*
         }
         std::vector<int> const got = r.prefill(std::vector<int64_t>(ids, ids + total), sizes);
         std::copy(got.begin(), got.end(), slots);
+    });
+}
+
+int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count,
+    float const* temperature, float const* top_p, uint64_t const* seeds, int* slots)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        if (count < 0 || ids == nullptr || lengths == nullptr || slots == nullptr)
+        {
+            throw std::invalid_argument("dsa_runtime_prefill_sampled needs ids, lengths, slots and a count of at least 0.");
+        }
+        std::vector<int64_t> const sizes(lengths, lengths + count);
+        int64_t total = 0;
+        for (int64_t size : sizes)
+        {
+            total += size > 0 ? size : 0;
+        }
+        std::vector<dsa::SamplingParams> sampling(static_cast<size_t>(count));
+        for (int i = 0; i < count; ++i)
+        {
+            sampling[static_cast<size_t>(i)].temperature = temperature != nullptr ? temperature[i] : 0.F;
+            sampling[static_cast<size_t>(i)].topP = top_p != nullptr ? top_p[i] : 1.F;
+            sampling[static_cast<size_t>(i)].seed = seeds != nullptr ? seeds[i] : 0;
+        }
+        std::vector<int> const got = r.prefill(std::vector<int64_t>(ids, ids + total), sizes, sampling);
+        std::copy(got.begin(), got.end(), slots);
+    });
+}
+
+int dsa_runtime_set_sampling(dsa_runtime* runtime, int slot, float temperature, float top_p, uint64_t seed)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        dsa::SamplingParams params;
+        params.temperature = temperature;
+        params.topP = top_p;
+        params.seed = seed;
+        r.setSampling(slot, params);
     });
 }
 

@@ -1,8 +1,9 @@
-// dsa_runtime PATH --generate N: greedy generation over a paged build (`dsa-export build HF_DIR
+// dsa_runtime PATH --generate N: generation over a paged build (`dsa-export build HF_DIR
 // --stages K --graph paged`, or one paged build folder), a demo of the runtime library
 // (include/dsa_runtime.h): B prompts of L ids (--dim batch=B, --dim sequence=L; --input
 // input_ids=FILE, int64 [B, L], or random ids below the input's value_range), one prefill, N - 1
-// decode steps, then each row's tokens and the prefill and decode tokens/s.
+// decode steps, then each row's tokens and the prefill and decode tokens/s. Greedy, or sampled on
+// the device with --temperature, --top-p and --seed (row b draws with seed + b).
 
 #include "dsa_runtime.h"
 #include "pipeline.h"
@@ -99,6 +100,7 @@ int generateWith(RunOptions const& options)
     runtimeOptions.device = options.device;
     runtimeOptions.slots = static_cast<int>(batch);
     runtimeOptions.maxTokens = length + options.generate;
+    runtimeOptions.kernels = options.kernels;
     Runtime runtime(options.path, runtimeOptions);
     for (std::string const& note : runtime.info().notes)
     {
@@ -107,7 +109,15 @@ int generateWith(RunOptions const& options)
     TensorSpec const* idsSpec = first.input("input_ids");
     std::vector<int64_t> const prompt = makePrompt(options, idsSpec ? *idsSpec : TensorSpec{}, batch, length);
     auto const began = Clock::now();
-    std::vector<int> const slots = runtime.prefill(prompt, std::vector<int64_t>(static_cast<size_t>(batch), length));
+    std::vector<SamplingParams> sampling(static_cast<size_t>(batch));
+    for (size_t b = 0; b < sampling.size(); ++b)
+    {
+        sampling[b].temperature = options.temperature;
+        sampling[b].topP = options.topP;
+        sampling[b].seed = options.seed + b;
+    }
+    std::vector<int> const slots
+        = runtime.prefill(prompt, std::vector<int64_t>(static_cast<size_t>(batch), length), sampling);
     double const prefillMs = msSince(began);
     std::vector<std::vector<int64_t>> generated(slots.size());
     std::vector<double> stepMs;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 namespace dsa
 {
@@ -130,6 +131,85 @@ std::vector<int64_t> argmaxRows(void const* data, LogitType type, int64_t rows, 
         }
     }
     return chosen;
+}
+
+void checkSampling(float temperature, float topP)
+{
+    if (!(temperature >= 0.F) || std::isinf(temperature))
+    {
+        throw std::invalid_argument("a temperature must be 0 (greedy) or positive and finite; got "
+            + std::to_string(temperature) + ".");
+    }
+    if (!(topP > 0.F && topP <= 1.F))
+    {
+        throw std::invalid_argument("top_p must be in (0, 1]; got " + std::to_string(topP) + ".");
+    }
+}
+
+SamplingRows samplingRows(std::vector<int> const& rowSlots, std::map<int, SlotSampling> const& slots)
+{
+    SamplingRows rows;
+    size_t const n = rowSlots.size();
+    rows.temperature.assign(n, 0.F);
+    rows.topP.assign(n, 1.F);
+    rows.seeds.assign(n, 0);
+    rows.offsets.assign(n, 0);
+    for (size_t r = 0; r < n; ++r)
+    {
+        auto const it = rowSlots[r] >= 0 ? slots.find(rowSlots[r]) : slots.end();
+        if (it == slots.end())
+        {
+            continue;
+        }
+        rows.temperature[r] = it->second.temperature;
+        rows.topP[r] = it->second.topP;
+        rows.seeds[r] = it->second.seed;
+        rows.offsets[r] = it->second.step;
+        rows.anySampled = rows.anySampled || it->second.temperature > 0.F;
+    }
+    return rows;
+}
+
+std::array<uint32_t, 4> philox4x32x10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k)
+{
+    for (int r = 0; r < 10; ++r)
+    {
+        uint64_t const p0 = uint64_t{0xD2511F53u} * c[0];
+        uint64_t const p1 = uint64_t{0xCD9E8D57u} * c[2];
+        c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
+            static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+        k[0] += 0x9E3779B9u;
+        k[1] += 0xBB67AE85u;
+    }
+    return c;
+}
+
+uint64_t philoxU53(uint64_t seed, uint64_t offset)
+{
+    std::array<uint32_t, 4> const x = philox4x32x10(
+        {static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32), 0u, 0u},
+        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+    return ((uint64_t{x[1]} << 32) | x[0]) >> 11;
+}
+
+std::vector<std::string> kernelsLibraryCandidates(std::string const& explicitPath, char const* envPath,
+    std::string const& pluginLibrary)
+{
+    if (!explicitPath.empty())
+    {
+        return {explicitPath};
+    }
+    if (envPath != nullptr && envPath[0] != '\0')
+    {
+        return {envPath};
+    }
+    if (pluginLibrary.empty())
+    {
+        return {};
+    }
+    size_t const slash = pluginLibrary.find_last_of('/');
+    std::string const folder = slash == std::string::npos ? std::string(".") : pluginLibrary.substr(0, slash);
+    return {folder + "/libdsa_kernels.so"};
 }
 
 } // namespace dsa

@@ -1,5 +1,5 @@
 // Host tests of the runtime library: pages, slots, the calls' inputs, argument checks, the paged
-// plan's checks and limits, logits reading. Plain C++17 with no test framework and no TensorRT or
+// plan's checks and limits, logits reading, the host side of the device sampler. Plain C++17 with no test framework and no TensorRT or
 // CUDA; tests/test_cpp_runtime_host.py builds and runs it (in CI).
 //
 //   dsa_runtime_host_test [PAGED_BUILD_FOLDER]   # the folder: a paged build's manifest.json to read
@@ -8,8 +8,10 @@
 #include "paged_plan.h"
 #include "scheduler.h"
 
+#include <array>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -319,6 +321,51 @@ void testLogits()
 
 } // namespace
 
+void testSamplingHostSide()
+{
+    // Philox4x32-10: Random123's known answers.
+    CHECK((dsa::philox4x32x10({0u, 0u, 0u, 0u}, {0u, 0u}) == std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du,
+        0xbc57ac4cu, 0x9b00dbd8u}));
+    CHECK((dsa::philox4x32x10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu})
+        == std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+    CHECK((dsa::philox4x32x10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u})
+        == std::array<uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+    // The sampler's draws, as dsa_export.runtime.philox.philox_u53 gives them.
+    CHECK(dsa::philoxU53(0, 0) == 0x1c2d38b1acc4fdULL);
+    CHECK(dsa::philoxU53(123, 7) == 0xc133dce0611e9ULL);
+    CHECK(dsa::philoxU53(9223372036854775813ULL, 1099511627779ULL) == 0x1d0a46356e6bd6ULL);
+    CHECK(dsa::philoxU53(0xffffffffffffffffULL, 1) == 0x96cfc06833fdaULL);
+
+    // Each row gets its slot's settings and step; idle rows and slots without settings are greedy.
+    std::map<int, dsa::SlotSampling> slots;
+    slots[0] = dsa::SlotSampling{0.7F, 0.9F, 42, 3};
+    slots[2] = dsa::SlotSampling{0.F, 1.F, 7, 5};
+    dsa::SamplingRows const rows = dsa::samplingRows({0, -1, 2, 3}, slots);
+    CHECK(rows.temperature == (std::vector<float>{0.7F, 0.F, 0.F, 0.F}));
+    CHECK(rows.topP == (std::vector<float>{0.9F, 1.F, 1.F, 1.F}));
+    CHECK(rows.seeds == (std::vector<uint64_t>{42, 0, 7, 0}));
+    CHECK(rows.offsets == (std::vector<int64_t>{3, 0, 5, 0}));
+    CHECK(rows.anySampled);
+    CHECK(!dsa::samplingRows({2, -1}, slots).anySampled);
+
+    dsa::checkSampling(0.F, 1.F);
+    dsa::checkSampling(1.5F, 0.01F);
+    THROWS(std::invalid_argument, dsa::checkSampling(-0.1F, 1.F), "temperature");
+    THROWS(std::invalid_argument, dsa::checkSampling(INFINITY, 1.F), "temperature");
+    THROWS(std::invalid_argument, dsa::checkSampling(NAN, 1.F), "temperature");
+    THROWS(std::invalid_argument, dsa::checkSampling(1.F, 0.F), "top_p");
+    THROWS(std::invalid_argument, dsa::checkSampling(1.F, 1.5F), "top_p");
+
+    // Where libdsa_kernels.so is looked for.
+    CHECK(dsa::kernelsLibraryCandidates("/k/libdsa_kernels.so", "/env/k.so", "/p/libdsa_plugins.so")
+        == std::vector<std::string>{"/k/libdsa_kernels.so"});
+    CHECK(dsa::kernelsLibraryCandidates("", "/env/k.so", "/p/libdsa_plugins.so") == std::vector<std::string>{"/env/k.so"});
+    CHECK(dsa::kernelsLibraryCandidates("", nullptr, "/p/build/libdsa_plugins.so")
+        == std::vector<std::string>{"/p/build/libdsa_kernels.so"});
+    CHECK(dsa::kernelsLibraryCandidates("", "", "libdsa_plugins.so") == std::vector<std::string>{"./libdsa_kernels.so"});
+    CHECK(dsa::kernelsLibraryCandidates("", nullptr, "").empty());
+}
+
 int main(int argc, char** argv)
 {
     std::vector<std::pair<char const*, std::function<void()>>> const tests = {
@@ -332,6 +379,7 @@ int main(int argc, char** argv)
         {"paged limits", testPagedLimits},
         {"paged plan checks", testPagedPlanChecks},
         {"logits", testLogits},
+        {"sampling, host side", testSamplingHostSide},
     };
     for (auto const& [name, body] : tests)
     {

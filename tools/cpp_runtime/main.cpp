@@ -1,7 +1,8 @@
 // dsa_runtime: run what `dsa-export build` built, from C++.
 //
 //   dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...]
-//               [--iterations N] [--device GPU] [--generate N]
+//               [--iterations N] [--device GPU]
+//               [--generate N [--temperature T] [--top-p P] [--seed S] [--kernels LIB]]
 //
 // PATH is one build (a build folder, its manifest.json, or the engine file beside it) or a
 // pipeline of stages (pipeline.json, or the folder holding it, whose stages are build folders).
@@ -24,12 +25,14 @@
 //    allows it, else staged through pinned host memory (runner.{h,cpp});
 // 5. prints the last stage's outputs (shape, statistics) and the time per stage, link and run.
 //
-// With --generate N over a paged build (`build --stages K --graph paged`), it generates N greedy
-// tokens per row instead, a demo of the runtime library (include/dsa_runtime.h, generate.cpp): a
+// With --generate N over a paged build (`build --stages K --graph paged`), it generates N tokens
+// per row instead (greedy, or with --temperature / --top-p / --seed sampled on the last stage's GPU
+// by dsa_sample_tokens of libdsa_kernels.so, --kernels or beside the plugin library), a demo of the runtime library (include/dsa_runtime.h, generate.cpp): a
 // prompt of --dim batch=B x --dim sequence=L ids (--input input_ids=FILE or random), one prefill,
 // decode steps on the decode profile replayed from CUDA graphs, the cache pools allocated once on
 // each stage's GPU and kept there.
 
+#include "host_math.h"
 #include "runner.h"
 
 #include <algorithm>
@@ -42,7 +45,19 @@ namespace
 {
 
 char const* const kUsage = "usage: dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...] "
-                           "[--iterations N] [--device GPU] [--generate N]";
+                           "[--iterations N] [--device GPU] [--generate N [--temperature T] [--top-p P] [--seed S] "
+                           "[--kernels LIB]]";
+
+float toFloat(std::string const& arg, std::string const& value)
+{
+    char* end = nullptr;
+    float const number = std::strtof(value.c_str(), &end);
+    if (value.empty() || *end != '\0')
+    {
+        throw std::invalid_argument(arg + " takes a number (got '" + value + "')");
+    }
+    return number;
+}
 
 int toInt(std::string const& arg, std::string const& value)
 {
@@ -102,6 +117,28 @@ dsa::RunOptions parseArgs(int argc, char** argv)
                 throw std::invalid_argument("--generate takes the number of tokens to generate, at least 1");
             }
         }
+        else if (arg == "--temperature")
+        {
+            options.temperature = toFloat(arg, next());
+        }
+        else if (arg == "--top-p")
+        {
+            options.topP = toFloat(arg, next());
+        }
+        else if (arg == "--seed")
+        {
+            std::string const value = next();
+            char* end = nullptr;
+            options.seed = std::strtoull(value.c_str(), &end, 10);
+            if (value.empty() || *end != '\0' || value[0] == '-')
+            {
+                throw std::invalid_argument("--seed takes a non-negative integer (got '" + value + "')");
+            }
+        }
+        else if (arg == "--kernels")
+        {
+            options.kernels = next();
+        }
         else if (arg == "--help" || arg == "-h")
         {
             std::cout << kUsage << "\n";
@@ -120,6 +157,7 @@ dsa::RunOptions parseArgs(int argc, char** argv)
     {
         throw std::invalid_argument(kUsage);
     }
+    dsa::checkSampling(options.temperature, options.topP);
     return options;
 }
 

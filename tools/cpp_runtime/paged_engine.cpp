@@ -8,7 +8,9 @@
 #include "paged_engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <sstream>
 #include <stdexcept>
 
@@ -76,6 +78,60 @@ LogitType logitTypeOf(nvinfer1::DataType type)
 
 } // namespace
 
+DeviceSampler::~DeviceSampler()
+{
+    if (mHandle != nullptr)
+    {
+        dlclose(mHandle);
+    }
+}
+
+void DeviceSampler::open(std::vector<std::string> const& candidates, std::string& note)
+{
+    if (candidates.empty())
+    {
+        note = "no libdsa_kernels.so is known (RuntimeOptions::kernels, $DSA_EXPORT_KERNELS_LIB or beside the plugin "
+               "library): tokens are the host's arg max of the logits (greedy only).";
+        return;
+    }
+    for (std::string const& path : candidates)
+    {
+        void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (handle == nullptr)
+        {
+            note = "could not load " + path + ": tokens are the host's arg max of the logits (greedy only).";
+            continue;
+        }
+        using VersionFn = int32_t (*)();
+        auto const version = reinterpret_cast<VersionFn>(dlsym(handle, "dsa_kernels_abi_version"));
+        auto const sample = reinterpret_cast<SampleFn>(dlsym(handle, "dsa_sample_tokens"));
+        auto const error = reinterpret_cast<ErrorFn>(dlsym(handle, "dsa_last_error"));
+        if (version == nullptr || sample == nullptr || error == nullptr || version() < 5)
+        {
+            note = path + " has no device sampler (dsa_sample_tokens, C ABI 5); rebuild it with `dsa-export plugins "
+                   "build`. Tokens are the host's arg max of the logits (greedy only).";
+            dlclose(handle);
+            continue;
+        }
+        mHandle = handle;
+        mSample = sample;
+        mLastError = error;
+        note = "tokens are chosen on the device by dsa_sample_tokens of " + path + ".";
+        return;
+    }
+}
+
+void DeviceSampler::sample(void const* logits, int64_t rowStride, int32_t* out, float const* temperature,
+    float const* topP, uint64_t const* seeds, int64_t const* offsets, int64_t rows, int64_t vocab, int32_t dtype,
+    cudaStream_t stream) const
+{
+    int32_t const status = mSample(logits, rowStride, out, temperature, topP, seeds, offsets, rows, vocab, dtype, stream);
+    if (status != 0)
+    {
+        throw UserError(std::string("the device sampler failed: ") + mLastError());
+    }
+}
+
 GraphExec::~GraphExec()
 {
     if (exec != nullptr)
@@ -100,6 +156,33 @@ PagedEngine::PagedEngine(RunOptions const& options, PagedRequest const& request,
     }
     allocateStaging();
     mLogitType = logitTypeOf(mRuns.back()->engine->getTensorDataType("logits"));
+    // The plugin library the stages use (loadPlugins' order), beside which the kernel library lies.
+    std::string plugins = mOptions.plugins;
+    if (plugins.empty() && std::getenv("DSA_EXPORT_PLUGIN_LIB") != nullptr)
+    {
+        plugins = std::getenv("DSA_EXPORT_PLUGIN_LIB");
+    }
+    for (size_t k = 0; plugins.empty() && k < mPlan.stages.size(); ++k)
+    {
+        plugins = mPlan.stages[k].engine.pluginLibrary;
+    }
+    std::string note;
+    mSampler.open(kernelsLibraryCandidates(mOptions.kernels, std::getenv("DSA_EXPORT_KERNELS_LIB"), plugins), note);
+    mNotes.push_back(note);
+    allocateSampler();
+}
+
+void PagedEngine::allocateSampler()
+{
+    if (!mSampler.available())
+    {
+        return;
+    }
+    // Per row: temperature (4), top_p (4), seed (8), offset (8), id (4) bytes, for the largest call.
+    int64_t const rows = std::max<int64_t>(mLimits.prefillBatch, mLimits.slots);
+    size_t const bytes = static_cast<size_t>(rows) * 32;
+    mSamplingDevice.allocate(mRuns.back()->stage->device, bytes);
+    hostAllocate(mSamplingHost, mSamplingBytes, bytes);
 }
 
 PagedEngine::~PagedEngine()
@@ -190,8 +273,15 @@ void PagedEngine::allocateStaging()
     hostAllocate(mControlsHost, mControlsBytes, bytes);
 }
 
-void PagedEngine::run(CallInputs const& call)
+void PagedEngine::run(CallInputs const& call, SamplingRows const& sampling, bool keepLogits)
 {
+    require(sampling.temperature.size() == static_cast<size_t>(call.batch), "the sampling settings must have one row per "
+        "row of the call.");
+    if (sampling.anySampled && !mSampler.available())
+    {
+        throw UserError("sampling (a temperature above 0) needs the device sampler of libdsa_kernels.so; pass its "
+                        "path (RuntimeOptions::kernels or $DSA_EXPORT_KERNELS_LIB) or build it with `dsa-export plugins build`.");
+    }
     // The call's controls, staged once in pinned memory: ids, starts, counts, table.
     auto* host = static_cast<uint8_t*>(mControlsHost.ptr);
     std::memcpy(host, call.ids.data(), call.ids.size() * sizeof(int64_t));
@@ -205,7 +295,24 @@ void PagedEngine::run(CallInputs const& call)
     {
         callStage(stage, call);
     }
-    readLogits(call);
+    mVocab = logitsShape(call)[1];
+    if (mSampler.available())
+    {
+        sampleOnDevice(call, sampling);
+        if (keepLogits)
+        {
+            copyLogits(call);
+        }
+        mStreams.synchronize();
+        mTokens.assign(static_cast<size_t>(call.batch), 0);
+        int32_t const* ids = reinterpret_cast<int32_t const*>(static_cast<uint8_t const*>(mSamplingHost.ptr)
+            + static_cast<size_t>(call.batch) * 24);
+        std::copy(ids, ids + call.batch, mTokens.begin());
+        return;
+    }
+    copyLogits(call);
+    mStreams.synchronize();
+    mTokens = argmaxRows(mLogitsHost.ptr, mLogitType, call.batch, mVocab);
 }
 
 void PagedEngine::callStage(PagedStage& stage, CallInputs const& call)
@@ -397,20 +504,51 @@ void PagedEngine::capture(PagedStage& stage, nvinfer1::IExecutionContext& contex
     stage.graphs[key] = std::move(exec);
 }
 
-void PagedEngine::readLogits(CallInputs const& call)
+Shape PagedEngine::logitsShape(CallInputs const& call)
 {
     PagedStage& last = mPaged.back();
     CallBuffers& buffers = last.calls[call.prefill ? 0 : 1];
     Shape const shape = toShape(buffers.context->getTensorShape("logits"));
     require(shape.size() == 2 && shape[0] == call.batch, "the logits are " + toString(shape)
         + ", not [batch, vocab]; export the model again with --graph paged.");
-    mVocab = shape[1];
+    return shape;
+}
+
+void PagedEngine::copyLogits(CallInputs const& call)
+{
+    PagedStage& last = mPaged.back();
+    CallBuffers& buffers = last.calls[call.prefill ? 0 : 1];
+    Shape const shape = logitsShape(call);
     size_t const bytes = static_cast<size_t>(volume(shape)) * elementSize(last.run->engine->getTensorDataType("logits"));
     hostAllocate(mLogitsHost, mLogitsBytes, bytes);
     checkCuda(cudaSetDevice(last.run->stage->device), "cudaSetDevice");
     checkCuda(cudaMemcpyAsync(mLogitsHost.ptr, buffers.outputs.at("logits").ptr, bytes, cudaMemcpyDeviceToHost,
                   last.run->stream), "cudaMemcpyAsync");
-    mStreams.synchronize();
+}
+
+void PagedEngine::sampleOnDevice(CallInputs const& call, SamplingRows const& sampling)
+{
+    // One staging block, [temperature B x f32 | top_p B x f32 | seeds B x u64 | offsets B x i64 | ids B x i32],
+    // one copy in, the sampler on the last stage's stream, one copy of the ids out.
+    PagedStage& last = mPaged.back();
+    CallBuffers& buffers = last.calls[call.prefill ? 0 : 1];
+    size_t const rows = static_cast<size_t>(call.batch);
+    auto* host = static_cast<uint8_t*>(mSamplingHost.ptr);
+    std::memcpy(host, sampling.temperature.data(), rows * sizeof(float));
+    std::memcpy(host + rows * 4, sampling.topP.data(), rows * sizeof(float));
+    std::memcpy(host + rows * 8, sampling.seeds.data(), rows * sizeof(uint64_t));
+    std::memcpy(host + rows * 16, sampling.offsets.data(), rows * sizeof(int64_t));
+    auto* device = static_cast<uint8_t*>(mSamplingDevice.ptr);
+    cudaStream_t const stream = last.run->stream;
+    checkCuda(cudaSetDevice(last.run->stage->device), "cudaSetDevice");
+    checkCuda(cudaMemcpyAsync(device, host, rows * 24, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    int32_t const dtype = mLogitType == LogitType::kFLOAT ? 0 : mLogitType == LogitType::kHALF ? 1 : 2;
+    mSampler.sample(buffers.outputs.at("logits").ptr, mVocab, reinterpret_cast<int32_t*>(device + rows * 24),
+        reinterpret_cast<float const*>(device), reinterpret_cast<float const*>(device + rows * 4),
+        reinterpret_cast<uint64_t const*>(device + rows * 8), reinterpret_cast<int64_t const*>(device + rows * 16),
+        call.batch, mVocab, dtype, stream);
+    checkCuda(cudaMemcpyAsync(host + rows * 24, device + rows * 24, rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                  stream), "cudaMemcpyAsync");
 }
 
 } // namespace dsa

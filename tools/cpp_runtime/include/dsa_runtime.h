@@ -1,7 +1,8 @@
-// dsa_runtime: greedy generation over a paged build of `dsa-export build`, as a library.
+// dsa_runtime: generation (greedy or sampled) over a paged build of `dsa-export build`, as a library.
 //
 //   dsa::Runtime runtime("out/paged", options);        // a paged build folder or a pipeline.json
 //   std::vector<int> slots = runtime.prefill(ids, lengths);   // prompts, concatenated, and their lengths
+//   // or runtime.prefill(ids, lengths, {{0.7F, 0.9F, seed}, ...}): per-prompt temperature, top_p, seed
 //   runtime.token(slots[0]);                            // the first generated token of prompt 0
 //   runtime.decode();                                   // one more token for every live sequence
 //   runtime.release(slots[0]);                          // the sequence ends, its cache pages are free
@@ -11,7 +12,12 @@
 // the prefill runs on the build's first optimization profile and the decode steps on its decode
 // profile, each decode step replaying a CUDA graph captured once per batch size (where capture
 // fails, the step is enqueued as is). Pages are handed to sequences as they grow (page 0 is the
-// graph's scratch page) and come back on release().
+// graph's scratch page) and come back on release(). Each call's next tokens are chosen on the last
+// stage's GPU by dsa_sample_tokens of libdsa_kernels.so (found beside the plugin library, or
+// given), so only the token ids come to the host: greedy, or sampled with each sequence's own
+// temperature, top_p and seed (Philox4x32-10 at counter = the token's index in its generation,
+// reproducible with dsa_export.runtime.philox). Without that library the tokens are the host's
+// arg max of the logits (greedy only).
 //
 // Errors: std::invalid_argument for a call the arguments or the runtime's state rule out (empty
 // prompt, unknown slot, more prompts than free slots); std::runtime_error for the rest (a build
@@ -39,7 +45,16 @@ struct RuntimeOptions
     int64_t maxTokens{0};      //!< tokens per sequence, prompt included (0: the build's max_pages x page)
     int64_t pages{0};          //!< cache pages per pool, scratch page included (0: what the slots can fill, capped by the profile)
     bool cudaGraphs{true};     //!< replay each decode step from a CUDA graph
-    bool keepLogits{false};    //!< keep each sequence's last logits for logits()
+    bool keepLogits{false};    //!< keep each sequence's last logits for logits() (copied to the host)
+    std::string kernels;       //!< libdsa_kernels.so, the device sampler (else $DSA_EXPORT_KERNELS_LIB, else beside the plugin library)
+};
+
+//! How a sequence chooses its tokens (dsa_export.runtime.generate.SamplingSettings' rules).
+struct SamplingParams
+{
+    float temperature{0.F};    //!< 0: greedy (the arg max, lowest id on ties)
+    float topP{1.F};           //!< nucleus: (0, 1]
+    uint64_t seed{0};          //!< Philox4x32-10 key; token k of the generation draws at counter k
 };
 
 //! What an opened runtime allows.
@@ -72,13 +87,20 @@ public:
     //! prefill and pick each one's first token; returns prompt i's slot at index i.
     std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
 
+    //! The same, prompt i choosing its tokens with ``sampling[i]`` (one per prompt, or empty: greedy).
+    std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+        std::vector<SamplingParams> const& sampling);
+
+    //! Change how the sequence in ``slot`` chooses its next tokens (its draws keep counting).
+    void setSampling(int slot, SamplingParams const& sampling);
+
     //! One token for every live sequence; returns their slots, in order.
     std::vector<int> decode();
 
     //! End the sequence in ``slot``; its slot and pages are free again.
     void release(int slot);
 
-    //! The greedy token the last call picked for ``slot`` (the next input of its sequence).
+    //! The token the last call chose for ``slot`` (the next input of its sequence).
     int64_t token(int slot) const;
 
     //! The logits that call gave ``slot`` (needs RuntimeOptions::keepLogits).
@@ -94,6 +116,9 @@ public:
 
     //! Whether decode steps replay CUDA graphs (false once a capture failed, or when turned off).
     bool graphsActive() const;
+
+    //! Whether tokens are chosen on the device (libdsa_kernels.so was found), else by the host (greedy only).
+    bool deviceSampling() const;
 
 private:
     class Impl;
@@ -117,10 +142,16 @@ dsa_runtime* dsa_runtime_open(char const* path, int slots, char const* plugins);
 void dsa_runtime_close(dsa_runtime* runtime);
 //! ``count`` prompts, ``lengths[i]`` ids each, concatenated in ``ids``; slot i of prompt i into ``slots``.
 int dsa_runtime_prefill(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots);
+//! The same with per-prompt sampling: ``temperature``, ``top_p`` and ``seeds`` hold ``count`` values each
+//! (any may be null: 0, 1 and 0).
+int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count,
+    float const* temperature, float const* top_p, uint64_t const* seeds, int* slots);
+//! Change how the sequence in ``slot`` chooses its next tokens.
+int dsa_runtime_set_sampling(dsa_runtime* runtime, int slot, float temperature, float top_p, uint64_t seed);
 //! One token per live sequence; their slots into ``slots`` (room for ``capacity``), their count into ``count``.
 int dsa_runtime_decode(dsa_runtime* runtime, int* slots, int capacity, int* count);
 int dsa_runtime_release(dsa_runtime* runtime, int slot);
-//! The greedy token of ``slot`` into ``token``.
+//! The last chosen token of ``slot`` into ``token``.
 int dsa_runtime_token(dsa_runtime const* runtime, int slot, int64_t* token);
 //! The last error's sentence ("" when none); ``runtime`` may be null (the last failed open).
 char const* dsa_runtime_error(dsa_runtime const* runtime);
