@@ -229,7 +229,6 @@ INDEXER_TOPK_PAGED = OpSpec(
         AttrSpec("scale", "float", None, "Scale inside the ReLU (index_head_dim ** -0.5)."),
         AttrSpec("causal", "int", 1, "1: query at query_start[b]+s selects keys t <= query_start[b]+s only."),
     ),
-    has_plugin=False,
 )
 
 SPARSE_ATTENTION_PAGED = OpSpec(
@@ -255,7 +254,6 @@ SPARSE_ATTENTION_PAGED = OpSpec(
     ),
     outputs=(OpTensor("out", "[B,S,H,Dv]", FLOAT_TYPES),),
     attributes=(AttrSpec("scale", "float", None, "Softmax scale."),),
-    has_plugin=False,
 )
 
 

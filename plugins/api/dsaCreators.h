@@ -9,8 +9,10 @@
 
 #include "common/dsaPluginBase.h"
 #include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionPlugin.h"
+#include "dsaIndexerTopKPagedPlugin/dsaIndexerTopKPagedPlugin.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
+#include "dsaSparseAttentionPagedPlugin/dsaSparseAttentionPagedPlugin.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
 
 #include <array>
@@ -32,7 +34,7 @@ struct PluginList
 
 //! Every plugin of the library, in registration order (the order getCreators reports them in).
 using DSAPlugins = PluginList<DSAIndexerTopKPlugin, DSASparseAttentionPlugin, DSABlockSparseAttentionPlugin,
-    DSAMoEExpertsPlugin, DSAMoEExpertsFP8Plugin>;
+    DSAMoEExpertsPlugin, DSAMoEExpertsFP8Plugin, DSAIndexerTopKPagedPlugin, DSASparseAttentionPagedPlugin>;
 
 //! The library's one creator of Plugin, made on first use.
 template <class Plugin>

@@ -278,10 +278,12 @@ private:
     }
 };
 
-//! Base of the attention plugins (DSASparseAttention, DSABlockSparseAttention): what their I/O rules
-//! share. The output is [B, S, H, Dv], q's first three dims and v's last (the contract's rule,
-//! dsa_export/ops/sizes.py attention_dims), in q's type; q is a float type that k, v and the output
-//! share; the selection input (Derived::kSELECTION_INPUT, int32) names the keys to attend to.
+//! Base of the attention plugins (DSASparseAttention, DSABlockSparseAttention, DSASparseAttentionPaged):
+//! what their I/O rules share. The output is [B, S, H, Dv], q's first three dims and the values'
+//! last (Derived::kVALUE_INPUT: v or v_pool; the contract's rule, dsa_export/ops/sizes.py
+//! attention_dims), in q's type; q is a float type that keys, values and the output share; the
+//! selection input (Derived::kSELECTION_INPUT, int32) names the keys to attend to, and any other
+//! int32 input (Derived::isTableInput(pos): a paged plugin's block table) is int32 too.
 template <class Derived, class TableT>
 class DSAAttentionPlugin : public DSAPlugin<Derived, TableT>
 {
@@ -296,7 +298,7 @@ protected:
 
 private:
     static constexpr int32_t kQ = Base::inputIndex("q");
-    static constexpr int32_t kV = Base::inputIndex("v");
+    static constexpr int32_t kV = Base::inputIndex(Derived::kVALUE_INPUT);
 
     bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override
     {
@@ -330,11 +332,11 @@ private:
         {
             return isFloatType(desc.type);
         }
-        if (pos == Base::inputIndex(Derived::kSELECTION_INPUT))
+        if (pos == Base::inputIndex(Derived::kSELECTION_INPUT) || Derived::isTableInput(pos))
         {
             return desc.type == nvinfer1::DataType::kINT32;
         }
-        // k, v and the output share q's type.
+        // Keys, values and the output share q's type.
         return desc.type == inOut[kQ].desc.type;
     }
 };

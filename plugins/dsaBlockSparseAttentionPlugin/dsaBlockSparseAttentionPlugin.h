@@ -39,6 +39,13 @@ class DSABlockSparseAttentionPlugin : public DSAAttentionPlugin<DSABlockSparseAt
 public:
     //! The input holding the selection (int32): DSAAttentionPlugin's type rule reads it.
     static constexpr char const* kSELECTION_INPUT = "block_index";
+    //! The values input (its last dim is the output's Dv).
+    static constexpr char const* kVALUE_INPUT = "v";
+    //! No input besides the selection is int32.
+    static constexpr bool isTableInput(int32_t /*pos*/)
+    {
+        return false;
+    }
 
     DSABlockSparseAttentionPlugin(int32_t blockSize, float scale, int32_t causal);
     static DSABlockSparseAttentionPlugin* create(PluginFieldReader const& fields);

@@ -37,6 +37,13 @@ class DSASparseAttentionPlugin : public DSAAttentionPlugin<DSASparseAttentionPlu
 public:
     //! The input holding the selection (int32): DSAAttentionPlugin's type rule reads it.
     static constexpr char const* kSELECTION_INPUT = "indices";
+    //! The values input (its last dim is the output's Dv).
+    static constexpr char const* kVALUE_INPUT = "v";
+    //! No input besides the selection is int32.
+    static constexpr bool isTableInput(int32_t /*pos*/)
+    {
+        return false;
+    }
 
     explicit DSASparseAttentionPlugin(float scale);
     static DSASparseAttentionPlugin* create(PluginFieldReader const& fields);

@@ -148,6 +148,12 @@ size_t moeWorkspaceFormula(int64_t tokens, int64_t K, int64_t E, int64_t H, int6
 
 using dsa::plugin::DSAPlugins;
 
+//! The paged plugins (DSAIndexerTopKPaged, DSASparseAttentionPaged): fields, formats, shapes,
+//! workspace, serialization, and enqueue up to the launcher (no GPU: the launcher's device query
+//! fails, with a logged error, after the glue's own checks).
+void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, CountingLogger& logger);
+
+
 //! Loads a static-registration library and finds its creators in the registry of its libnvinfer
 //! under namespace "dsa" (and not under "", where REGISTER_TENSORRT_PLUGIN would have put them).
 void checkStaticRegistration(char const* path)
@@ -292,7 +298,11 @@ int main(int argc, char** argv)
                 "DSAIndexerTopK output type int32");
             check(build->configurePlugin(io.data(), 4, io.data() + 4, 1) == 0, "DSAIndexerTopK configurePlugin");
             size_t const ws = build->getWorkspaceSize(io.data(), 4, io.data() + 4, 1);
-            check(ws == size_t{2} * 16 * 4096 * 4, "DSAIndexerTopK workspace = B*S*T*4 for small shapes (" + std::to_string(ws) + ")");
+            // The scores of every row (B*S*T*4 bytes for small shapes), or the multi-block top-k's
+            // state for min(B*S, 8) rows when that is more (dsaIndexerTopKKernel.cu).
+            check(ws >= size_t{2} * 16 * 4096 * 4 && ws <= size_t{2} * 16 * 4096 * 4 + (size_t{1} << 20),
+                "DSAIndexerTopK workspace = max(B*S*T*4, the multi-block state) for small shapes (" + std::to_string(ws)
+                    + ")");
             std::vector<DynamicPluginTensorDesc> bad{makeDesc({2, 16, 64, 128}, DataType::kBF16),
                 makeDesc({2, 4096, 64}, DataType::kBF16), makeDesc({2, 16, 64}, DataType::kFLOAT),
                 makeDesc({2, 16, 2048}, DataType::kINT32)};
@@ -932,6 +942,211 @@ int main(int argc, char** argv)
         PluginFieldCollection fcBad{1, badAct.data()};
         check(fp8->createPlugin("relu", &fcBad, TensorRTPhase::kBUILD) == nullptr, "DSAMoEExpertsFP8 rejects activation 'relu'");
     }
+    checkPagedPlugins(creators, n, logger);
     std::printf("%s: %d failure(s)\n", gFailures == 0 ? "OK" : "FAILED", gFailures);
     return gFailures == 0 ? 0 : 1;
 }
+
+namespace
+{
+void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, CountingLogger& logger)
+{
+    // ---- DSAIndexerTopKPaged ----
+    IPluginCreatorV3One* ix = findCreator(creators, n, "DSAIndexerTopKPaged");
+    check(ix != nullptr, "DSAIndexerTopKPaged creator");
+    if (ix != nullptr)
+    {
+        PluginFieldCollection const* names = ix->getFieldNames();
+        check(names != nullptr && names->nbFields == 3 && findField(names, "topk") != nullptr
+                && findField(names, "scale") != nullptr && findField(names, "causal") != nullptr,
+            "DSAIndexerTopKPaged fields topk, scale, causal");
+        int32_t topk = 2048;
+        float scale = 0.088388F;
+        std::vector<PluginField> fields{{"topk", &topk, PluginFieldType::kINT32, 1},
+            {"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fc{static_cast<int32_t>(fields.size()), fields.data()};
+        IPluginV3* plugin = ix->createPlugin("ixp", &fc, TensorRTPhase::kBUILD);
+        check(plugin != nullptr, "DSAIndexerTopKPaged createPlugin (causal defaults to 1)");
+        if (plugin != nullptr)
+        {
+            auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+            std::string const meta = build->getMetadataString();
+            check(meta.rfind("topk=2048;scale=", 0) == 0 && meta.size() > 9 && meta.substr(meta.size() - 9) == ";causal=1",
+                "DSAIndexerTopKPaged metadata: " + meta);
+            // DeepSeek-V3.2 decode: 4 rows, 64 index heads of 128, pages of 64, 512 table columns.
+            std::vector<DynamicPluginTensorDesc> io{makeDesc({4, 1, 64, 128}, DataType::kBF16),
+                makeDesc({2048, 64, 128}, DataType::kBF16), makeDesc({4, 1, 64}, DataType::kFLOAT),
+                makeDesc({4, 512}, DataType::kINT32), makeDesc({4}, DataType::kINT32), makeDesc({4}, DataType::kINT32),
+                makeDesc({4, 1, 2048}, DataType::kINT32)};
+            bool all = true;
+            for (int32_t pos = 0; pos < 7; ++pos)
+            {
+                all = all && build->supportsFormatCombination(pos, io.data(), 6, 1);
+            }
+            check(all, "DSAIndexerTopKPaged accepts bf16 q/k_pool, fp32 w, int32 table/starts/lengths/output");
+            io[1].desc.type = DataType::kHALF;
+            check(!build->supportsFormatCombination(1, io.data(), 6, 1), "DSAIndexerTopKPaged rejects k_pool dtype != q");
+            io[1].desc.type = DataType::kBF16;
+            io[3].desc.type = DataType::kFLOAT;
+            check(!build->supportsFormatCombination(3, io.data(), 6, 1), "DSAIndexerTopKPaged rejects a float block table");
+            io[3].desc.type = DataType::kINT32;
+            DataType inTypes[6] = {DataType::kBF16, DataType::kBF16, DataType::kFLOAT, DataType::kINT32,
+                DataType::kINT32, DataType::kINT32};
+            DataType outType = DataType::kFLOAT;
+            check(build->getOutputDataTypes(&outType, 1, inTypes, 6) == 0 && outType == DataType::kINT32,
+                "DSAIndexerTopKPaged output type int32");
+            check(build->configurePlugin(io.data(), 6, io.data() + 6, 1) == 0, "DSAIndexerTopKPaged configurePlugin");
+            check(build->getWorkspaceSize(io.data(), 6, io.data() + 6, 1) > 0,
+                "DSAIndexerTopKPaged asks for a workspace (the scores of a block of rows over M*page keys)");
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[1] = makeDesc({2048, 64, 64}, DataType::kBF16);
+            int errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 6, bad.data() + 6, 1) != 0 && logger.errors > errorsBefore,
+                "DSAIndexerTopKPaged configurePlugin rejects a D mismatch with a logged error");
+            bad = io;
+            bad[4] = makeDesc({3}, DataType::kINT32);
+            errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 6, bad.data() + 6, 1) != 0 && logger.errors > errorsBefore,
+                "DSAIndexerTopKPaged configurePlugin rejects query_start of another batch");
+            check(build->configurePlugin(io.data(), 5, io.data() + 5, 1) != 0,
+                "DSAIndexerTopKPaged configurePlugin needs all six inputs");
+            {
+                std::vector<PluginTensorDesc> descs;
+                for (DynamicPluginTensorDesc const& d : io)
+                {
+                    descs.push_back(d.desc);
+                }
+                alignas(16) static unsigned char fake[64];
+                void const* ins[6] = {fake, fake, fake, fake, fake, fake};
+                void* outs[1] = {fake};
+                errorsBefore = logger.errors;
+                bool const failed = rt->enqueue(descs.data(), descs.data() + 6, ins, outs, fake, nullptr) != 0;
+                check(failed && logger.errors > errorsBefore
+                        && logger.lastError.find("DSAIndexerTopKPaged kernel") != std::string::npos,
+                    "DSAIndexerTopKPaged enqueue reaches the launcher and, without a GPU, fails with a logged error ("
+                        + logger.lastError + ")");
+            }
+            IPluginV3* again = ix->createPlugin("ixp2", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
+            check(again != nullptr, "DSAIndexerTopKPaged round trip through getFieldsToSerialize");
+            if (again != nullptr)
+            {
+                auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+                check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0,
+                    std::string("DSAIndexerTopKPaged attributes survive serialization: ") + b2->getMetadataString());
+                delete again;
+            }
+            delete plugin;
+        }
+        int32_t zero = 0;
+        std::vector<PluginField> zeroTopk{{"topk", &zero, PluginFieldType::kINT32, 1}, {"scale", &scale,
+            PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fcZero{2, zeroTopk.data()};
+        int const errorsBefore = logger.errors;
+        check(ix->createPlugin("zero", &fcZero, TensorRTPhase::kBUILD) == nullptr && logger.errors > errorsBefore,
+            "DSAIndexerTopKPaged rejects topk 0 with a logged error");
+    }
+
+    // ---- DSASparseAttentionPaged ----
+    IPluginCreatorV3One* sa = findCreator(creators, n, "DSASparseAttentionPaged");
+    check(sa != nullptr, "DSASparseAttentionPaged creator");
+    if (sa != nullptr)
+    {
+        float scale = 0.0625F;
+        std::vector<PluginField> fields{{"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fc{1, fields.data()};
+        IPluginV3* plugin = sa->createPlugin("sap", &fc, TensorRTPhase::kBUILD);
+        check(plugin != nullptr, "DSASparseAttentionPaged createPlugin");
+        if (plugin != nullptr)
+        {
+            auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+            auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+            // DeepSeek's absorbed MLA over a paged latent: 128 heads of 576, values from keys (Dv 512).
+            std::vector<DynamicPluginTensorDesc> io{makeDesc({4, 1, 128, 576}, DataType::kBF16),
+                makeDesc({2048, 64, 1, 576}, DataType::kBF16), makeDesc({0, 64, 1, 512}, DataType::kBF16),
+                makeDesc({4, 1, 2048}, DataType::kINT32), makeDesc({4, 512}, DataType::kINT32),
+                makeDesc({4, 1, 128, 512}, DataType::kBF16)};
+            bool all = true;
+            for (int32_t pos = 0; pos < 6; ++pos)
+            {
+                all = all && build->supportsFormatCombination(pos, io.data(), 5, 1);
+            }
+            check(all, "DSASparseAttentionPaged accepts bf16 q/pools/out with int32 indices and block table");
+            io[4].desc.type = DataType::kBF16;
+            check(!build->supportsFormatCombination(4, io.data(), 5, 1),
+                "DSASparseAttentionPaged rejects a block table that is not int32");
+            io[4].desc.type = DataType::kINT32;
+            io[5].desc.type = DataType::kHALF;
+            check(!build->supportsFormatCombination(5, io.data(), 5, 1), "DSASparseAttentionPaged rejects out dtype != q");
+            io[5].desc.type = DataType::kBF16;
+            DataType inTypes[5] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kINT32, DataType::kINT32};
+            DataType outType = DataType::kFLOAT;
+            check(build->getOutputDataTypes(&outType, 1, inTypes, 5) == 0 && outType == DataType::kBF16,
+                "DSASparseAttentionPaged output type follows q");
+            check(build->configurePlugin(io.data(), 5, io.data() + 5, 1) == 0,
+                "DSASparseAttentionPaged configurePlugin takes a v_pool without pages (values from keys)");
+            (void) build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
+            check(true, "DSASparseAttentionPaged getWorkspaceSize answers without a GPU");
+            std::vector<FakeDimExpr> qd(4);
+            std::vector<FakeDimExpr> kd(4);
+            std::vector<FakeDimExpr> vd(4);
+            std::vector<FakeDimExpr> id(3);
+            std::vector<FakeDimExpr> td(2);
+            DimsExprs inputs[5] = {makeExprs(qd), makeExprs(kd), makeExprs(vd), makeExprs(id), makeExprs(td)};
+            DimsExprs outShape{};
+            FakeExprBuilder exprs;
+            check(build->getOutputShapes(inputs, 5, nullptr, 0, &outShape, 1, exprs) == 0 && outShape.nbDims == 4
+                    && outShape.d[0] == &qd[0] && outShape.d[1] == &qd[1] && outShape.d[2] == &qd[2]
+                    && outShape.d[3] == &vd[3],
+                "DSASparseAttentionPaged output shape is q's [B,S,H] and v_pool's Dv");
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[2] = makeDesc({0, 64, 1, 640}, DataType::kBF16);
+            int errorsBefore = logger.errors;
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0 && logger.errors > errorsBefore
+                    && logger.lastError.find("Dv <= Dk") != std::string::npos,
+                "DSASparseAttentionPaged rejects values from keys with Dv > Dk");
+            bad = io;
+            bad[2] = makeDesc({1000, 64, 1, 512}, DataType::kBF16);
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0
+                    && logger.lastError.find("pages") != std::string::npos,
+                "DSASparseAttentionPaged rejects a v_pool with other pages than k_pool");
+            bad = io;
+            bad[0] = makeDesc({4, 1, 100, 576}, DataType::kBF16);
+            bad[1] = makeDesc({2048, 64, 3, 576}, DataType::kBF16);
+            bad[2] = makeDesc({0, 64, 3, 512}, DataType::kBF16);
+            check(build->configurePlugin(bad.data(), 5, bad.data() + 5, 1) != 0,
+                "DSASparseAttentionPaged rejects H not a multiple of Hkv");
+            {
+                std::vector<PluginTensorDesc> descs;
+                for (DynamicPluginTensorDesc const& d : io)
+                {
+                    descs.push_back(d.desc);
+                }
+                alignas(16) static unsigned char fake[64];
+                void const* ins[5] = {fake, fake, nullptr, fake, fake};
+                void* outs[1] = {fake};
+                errorsBefore = logger.errors;
+                bool const failed = rt->enqueue(descs.data(), descs.data() + 5, ins, outs, fake, nullptr) != 0;
+                check(failed && logger.errors > errorsBefore
+                        && logger.lastError.find("DSASparseAttentionPaged kernel") != std::string::npos
+                        && logger.lastError.find("null") == std::string::npos,
+                    "DSASparseAttentionPaged enqueue passes a null v_pool as values from keys and reaches the launcher ("
+                        + logger.lastError + ")");
+            }
+            IPluginV3* again = sa->createPlugin("sap2", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
+            check(again != nullptr, "DSASparseAttentionPaged round trip through getFieldsToSerialize");
+            if (again != nullptr)
+            {
+                auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+                check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0,
+                    std::string("DSASparseAttentionPaged attributes survive serialization: ") + b2->getMetadataString());
+                delete again;
+            }
+            IPluginV3* cl = plugin->clone();
+            check(cl != nullptr, "DSASparseAttentionPaged clone");
+            delete cl;
+            delete plugin;
+        }
+    }
+}
+} // namespace

@@ -540,14 +540,15 @@ def _walk(nodes):
 
 
 # ---------------------------------------------------------------------------------------------
-# (d) No plugin: TensorRT builds the function body; no plugin source can take these nodes.
+# (d) Plugins: the float paged ops have TensorRT plugin creators over the paged kernels (C ABI 5);
+# the FP8 ones have none (tests/ops/test_paged_fp8_ops.py) and run through their function bodies.
 
-def test_the_paged_ops_have_no_plugin_creator():
-    assert not INDEXER_TOPK_PAGED.has_plugin and not SPARSE_ATTENTION_PAGED.has_plugin
+def test_the_float_paged_ops_have_plugin_creators_and_only_the_contracts_plugins_exist():
+    assert INDEXER_TOPK_PAGED.has_plugin and SPARSE_ATTENTION_PAGED.has_plugin
     fp8 = ("DSAIndexerTopKPagedFP8", "DSASparseAttentionPagedFP8")  # tests/ops/test_paged_fp8_ops.py
-    assert set(PLUGIN_OPS) == set(OPS) - set(PAGED) - set(fp8)
-    # The plugin names the C++ sources define are exactly the contract's plugin ops: nothing in
-    # plugins/ can create a plugin for a paged node and compute it as a contiguous one.
+    assert set(PLUGIN_OPS) == set(OPS) - set(fp8) and set(PAGED) <= set(PLUGIN_OPS)
+    # The plugin names the C++ sources define are exactly the contract's plugin ops: no plugin can
+    # take a node of an op without one (FP8 caches) and compute it as another.
     names = set()
     for path in (REPO / "plugins").rglob("*"):
         if path.suffix in (".cpp", ".h", ".cu", ".cuh"):
@@ -555,13 +556,12 @@ def test_the_paged_ops_have_no_plugin_creator():
             names |= set(re.findall(r'^\s*static constexpr char const\* kNAME\s*=\s*"(\w+)"', path.read_text(),
                                     flags=re.M))  # code lines only, not a comment's example
     assert names == set(PLUGIN_OPS)
-    # The kernels for paged caches (C ABI 5) exist and may name the ops they serve; what matters is
-    # that no plugin creator does until the glue for them lands.
 
 
-def test_tensorrt_rtx_builds_the_bodies_of_the_plugin_less_nodes():
+def test_tensorrt_rtx_builds_the_bodies_without_the_plugin_library():
     # The nodes carry plugin_namespace/plugin_version like every dsa node; with no plugin
-    # registered the parser inlines the function body and the builder builds it.
+    # registered (TensorRT-RTX has no plugins) the parser inlines the function body and the
+    # builder builds it.
     batch, seq, pages, blocks = (1, 1, 2), (1, 64, 256), (1, 64, 512), (1, 8, 16)
     h, d, page = 16, 32, 16
     ok, log = rtx_build(indexer_model(h, d, page, 8),
