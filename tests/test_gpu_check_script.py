@@ -93,7 +93,7 @@ def test_without_a_gpu_every_step_says_why_within_seconds(tmp_path):
     summary = _summary(out)
     assert summary["finished"] is True
     statuses = {s["name"]: (s["status"], s["note"]) for s in summary["steps"]}
-    assert list(statuses) == ["probe", "build", "tests", "memcheck", "bench_moe", "bench", "bench_layer"]
+    assert list(statuses) == ["probe", "build", "tests", "memcheck", "bench_moe", "bench", "bench_layer", "bench_decode"]
     assert statuses["probe"][0] == "ok" and summary["probe"]["gpu"] is False
     for name in ("build", "tests", "memcheck", "bench_moe", "bench", "bench_layer"):
         status, note = statuses[name]

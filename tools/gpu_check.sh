@@ -9,11 +9,11 @@
 # short still says what ran: "steps" lists {name, rc, seconds, status, note} with status ok, failed,
 # timeout, skipped or pending. Logs: steps.log and one log per step; results: probe.json,
 # dsa_build_info.json, pytest.xml or parity.json, memcheck.log + memcheck_cases.json, bench.json,
-# bench_moe.json, bench_layer.{json,md}.
+# bench_moe.json, bench_layer.{json,md}, bench_decode.json.
 #
 # Step timeouts in seconds (each step also gets KILL_GRACE seconds between TERM and KILL):
-#   probe 25, build 100, tests 170, memcheck 60, bench_moe 50, bench 70, bench_layer 35
-#   sum 510 s + 7 x 3 s grace = 531 s < 540 s (tests/test_gpu_check_script.py checks the sum).
+#   probe 25, build 110, tests 150, memcheck 50, bench_moe 40, bench 55, bench_layer 30, bench_decode 40
+#   sum 500 s + 8 x 3 s grace = 524 s < 540 s (tests/test_gpu_check_script.py checks the sum).
 #
 # Fallbacks, said at once in steps.log and gpu_check.json ("tools"): no CMake >= 3.24 -> the kernel
 # library is compiled with nvcc alone; no pytest -> tools/gpu_parity.py runs the same test cases;
@@ -30,13 +30,13 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 BUILD_DIR="${DSA_GPU_CHECK_BUILD_DIR:-${TMPDIR:-/tmp}/dsa-gpu-check-build}"
 PY="${PYTHON:-python3}"
 KILL_GRACE=3
-STEP_PLAN="probe:25 build:100 tests:170 memcheck:60 bench_moe:50 bench:70 bench_layer:35"
+STEP_PLAN="probe:25 build:110 tests:150 memcheck:50 bench_moe:40 bench:55 bench_layer:30 bench_decode:40"
 T0=$(date +%s)
 STEPS_TSV="$OUT_DIR/steps.tsv"
 # A reused OUT_DIR must not lend an earlier run's results to this one.
 for f in gpu_check.json probe.json probe.env probe.log dsa_build_info.json build.log pytest.xml pytest.log \
     parity.json parity.log memcheck.log memcheck_cases.json bench.json bench.log bench_moe.json bench_moe.log \
-    bench_layer.json bench_layer.md bench_layer.png bench_layer.log; do
+    bench_layer.json bench_layer.md bench_layer.png bench_layer.log bench_decode.json bench_decode.log; do
     rm -f "$OUT_DIR/$f"
 done
 : > "$STEPS_TSV"
@@ -146,8 +146,17 @@ if moe is not None:
     }
 if (out / "bench_layer.json").is_file():
     summary["layer_bench"] = {"json": "bench_layer.json", "markdown": "bench_layer.md"}
+decode = read_json("bench_decode.json")
+if decode is not None:
+    summary["decode_bench"] = {
+        "copy_bandwidth_gbs": decode.get("copy_bandwidth_gbs"), "invalid_cases": decode.get("invalid_cases", []),
+        "skipped": decode.get("skipped", []),
+        "cases": [{k: e.get(k) for k in ("case", "splits", "indexer_us", "attention_us", "indexer_of_bandwidth",
+                                         "attention_of_bandwidth", "valid", "error")} for e in decode.get("cases", [])],
+    }
 
-invalid = summary.get("bench", {}).get("invalid_cases", []) + summary.get("moe_bench", {}).get("invalid_cases", [])
+invalid = (summary.get("bench", {}).get("invalid_cases", []) + summary.get("moe_bench", {}).get("invalid_cases", [])
+           + summary.get("decode_bench", {}).get("invalid_cases", []))
 if invalid:
     summary["benchmark_results_invalid"] = invalid  # fast but wrong: these timings do not count
 bad = [s["name"] for s in steps if s["status"] in ("failed", "timeout")]
@@ -348,7 +357,7 @@ else
     rm -f "$LIB" "$BUILD_DIR/dsa_build_info.json"
     mkdir -p "$BUILD_DIR"
     if [ -n "$CMAKE" ]; then STEP_NOTE="sm_$ARCH, cmake"; else STEP_NOTE="sm_$ARCH, nvcc only"; fi
-    if run_step build 100 build.log bash -c build_kernels && [ -f "$LIB" ]; then
+    if run_step build 110 build.log bash -c build_kernels && [ -f "$LIB" ]; then
         BUILD_OK=1
         WARNINGS="$(grep -ci 'warning' "$OUT_DIR/build.log" || true)"
         log "built $LIB ($WARNINGS lines mentioning warnings in build.log)"
@@ -358,7 +367,9 @@ else
 fi
 
 # ---- 3. GPU parity tests ---------------------------------------------------------------------------
-TEST_MODULES=("$REPO/tests/plugins/test_kernels_gpu.py" "$REPO/tests/plugins/test_reference_cpu.py")
+TEST_MODULES=("$REPO/tests/plugins/test_kernels_gpu.py" "$REPO/tests/plugins/test_paged_attention_gpu.py"
+    "$REPO/tests/plugins/test_paged_indexer_gpu.py" "$REPO/tests/plugins/test_sampling_gpu.py"
+    "$REPO/tests/plugins/test_reference_cpu.py")
 if [ -n "$PYTEST" ]; then
     TEST_LOG=pytest.log
     TEST_NOTE="pytest $PYTEST"
@@ -374,7 +385,7 @@ elif [ "$BUILD_OK" != 1 ]; then
     skip_step tests "the build failed"
 else
     STEP_NOTE="$TEST_NOTE"
-    run_step tests 170 "$TEST_LOG" "${TEST_CMD[@]}"
+    run_step tests 150 "$TEST_LOG" "${TEST_CMD[@]}"
 fi
 
 # ---- 4. compute-sanitizer memcheck on small cases ------------------------------------------------
@@ -388,23 +399,27 @@ else
     # Without torch's caching allocator every tensor is its own allocation, so reads past a tensor
     # are reported instead of landing in a neighbour inside a pooled block.
     STEP_NOTE="$SANITIZER"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_step memcheck 60 memcheck.log "$SANITIZER" --tool memcheck \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_step memcheck 50 memcheck.log "$SANITIZER" --tool memcheck \
         --print-limit 50 --error-exitcode 9 "$PY" "$REPO/tools/gpu_parity.py" --memcheck-cases \
         --out "$OUT_DIR/memcheck_cases.json" --lib "$LIB"
 fi
 
 # ---- 5. benchmarks (each output spot-checked against torch; a wrong one makes the result invalid) --
 if [ "$PROBE_GPU" != 1 ] || [ "$BUILD_OK" != 1 ]; then
-    for step in bench_moe bench bench_layer; do
+    for step in bench_moe bench bench_layer bench_decode; do
         skip_step "$step" "$([ "$PROBE_GPU" != 1 ] && echo "no GPU" || echo "the build failed")"
     done
 else
-    run_step bench_moe 50 bench_moe.log "$PY" "$REPO/tools/bench_moe_kernel.py" --out "$OUT_DIR/bench_moe.json" \
+    run_step bench_moe 40 bench_moe.log "$PY" "$REPO/tools/bench_moe_kernel.py" --out "$OUT_DIR/bench_moe.json" \
         --lib "$LIB" --quick --budget-s 30
-    run_step bench 70 bench.log "$PY" "$REPO/tools/bench_plugins.py" --out "$OUT_DIR/bench.json" --lib "$LIB" --quick
+    run_step bench 55 bench.log "$PY" "$REPO/tools/bench_plugins.py" --out "$OUT_DIR/bench.json" --lib "$LIB" --quick
     # The DSA-vs-dense layer through the kernels (dsa-export bench's cuda backend): bench_layer.md
     # is what docs/bench_gpu.md should hold.
-    run_step bench_layer 35 bench_layer.log "$PY" -m dsa_export.bench.gpu "$OUT_DIR" --seq 4096,16384 --repeats 3
+    run_step bench_layer 30 bench_layer.log "$PY" -m dsa_export.bench.gpu "$OUT_DIR" --seq 4096,16384 --repeats 3
+    # One layer's decode over paged caches (bf16 and FP8 layouts; batch 1, 8, 64 x 8K, 32K, 128K):
+    # time per step next to the bytes it must read and this GPU's copy bandwidth.
+    run_step bench_decode 40 bench_decode.log "$PY" "$REPO/tools/bench_decode_kernels.py" \
+        --out "$OUT_DIR/bench_decode.json" --lib "$LIB" --budget-s 30
 fi
 
 # ---- done ------------------------------------------------------------------------------------------
