@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much FP8 cache storage changes a DSA model's decode, against bf16 caches.
 
-    python tools/fp8_cache_accuracy.py CKPT --prompt 1024 --steps 16 [--batch 1] [--runs A,B] [--json FILE]
+    python tools/fp8_cache_accuracy.py CKPT --prompt 1024 --steps 16 [--batch 1] [--runs A,B] [--prefill-chunk N] [--json FILE]
 
 CKPT is a DeepSeek-V3.2 / GLM-5 checkpoint (e.g. a real-width synthetic one from
 tools/make_synthetic_checkpoint.py). The paged graph's torch module (float32 weights) prefills a
@@ -36,9 +36,10 @@ from pathlib import Path
 from unittest import mock
 
 
-def _run(module, prompt, steps, batch, codec, page, query=None):
+def _run(module, prompt, steps, batch, codec, page, query=None, chunk=1024):
     """Final hidden states, logits and per-layer selections of each decode step; ``query`` (if
-    given) rounds the indexer's queries before they score the keys."""
+    given) rounds the indexer's queries before they score the keys; the prompt is fed ``chunk``
+    tokens per call."""
     import torch
 
     from dsa_export.hf import model as hf_model
@@ -88,10 +89,18 @@ def _run(module, prompt, steps, batch, codec, page, query=None):
                     pools["past_" + name[len("present_"):]] = value
             return outputs[0], captured
 
-        _, captured = call(prompt, 0, select=True)
-        # The prompt's queries with more allowed keys than the top-k (the others take every key).
+        # The prompt in chunks (each call's working memory is a chunk's), keeping the selections of
+        # the queries with more allowed keys than the top-k (the others take every key).
         topk = module.hf.config.index_topk
-        prefill = [captured[i][0][:, topk:] for i in sorted(captured)]
+        prefill: list[list] = []
+        for begin in range(0, prompt.shape[1], chunk):
+            _, captured = call(prompt[:, begin:begin + chunk], begin, select=True)
+            for layer, i in enumerate(sorted(captured)):
+                rows = captured[i][0][:, max(0, topk - begin):]
+                if layer == len(prefill):
+                    prefill.append([])
+                prefill[layer].append(rows)
+        prefill = [torch.cat(parts, dim=1) for parts in prefill]
         for step in range(steps):
             token = torch.full((batch, 1), 7 + step, dtype=torch.int64)  # the same forced tokens for both runs
             logits, captured = call(token, prompt.shape[1] + step, select=True)
@@ -149,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--prefill-chunk", type=int, default=1024, help="prompt tokens per call (bounds memory)")
     parser.add_argument("--runs", default=",".join(COMPARISONS),
                         help=f"comparisons to make, comma-separated (default all: {','.join(COMPARISONS)})")
     args = parser.parse_args(argv)
@@ -189,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for name in needed:
         codec, query = codecs[name]
-        runs[name] = _run(module, prompt, args.steps, args.batch, codec, PAGE_SIZE, query=query)
+        runs[name] = _run(module, prompt, args.steps, args.batch, codec, PAGE_SIZE, query=query,
+                          chunk=args.prefill_chunk)
     report = {
         "checkpoint": str(args.checkpoint), "prompt": args.prompt, "steps": args.steps, "batch": args.batch,
         "index_topk": cfg.index_topk, "latent_bytes_per_token": {"fp8": kv_quant.latent_bytes_per_token(

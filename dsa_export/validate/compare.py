@@ -616,7 +616,7 @@ def _code_flips(expected, actual, pools: list[str], layers: list[int], feed: dic
     if "block_table" not in feed:
         return {}
     table = np.asarray(feed["block_table"])
-    full = sorted({int(name.rsplit("_", 1)[1]) for name in expected.keys()
+    full = sorted({int(name.rsplit("_", 1)[1]) for name in expected
                    if name.startswith("present_index_key_pool_")})
     if len(full) != len(layers):
         return {}
