@@ -9,38 +9,16 @@ alone with ``python -m tests.emulation --case NAME --seed SEED --schedule ORDER-
 
 from __future__ import annotations
 
-import math
-import zlib
-from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 
 from tests.plugins import plugin_reference as ref
+
 # The GPU tests' checks and bounds (test_kernels_gpu.py derives MOE_TOL), so that the emulated and
 # the real kernels are held to the same standard.
-from tests.plugins.test_kernels_gpu import ATTN_TOL, DTYPES, _moe_check, _moe_routing, assert_same_selection
+from tests.plugins.test_kernels_gpu import DTYPES, _moe_check, _moe_routing, assert_same_selection
 
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    kernel: str  # indexer | attention | block-sparse | moe
-    run: Callable[..., None] = field(repr=False)
-    device: str = "sm90"
-    #: schedule names to run under (None: every schedule); cases that check decisions, not races
-    schedules: tuple[str, ...] | None = None
-
-    def seed(self, schedule_seed: int) -> int:
-        return zlib.crc32(self.name.encode()) ^ schedule_seed
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(shape, dtype, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(dtype)
+from . import cases_paged_attention, cases_paged_indexer, cases_sampling
+from .case_base import Case, _assert_close_attention, _gen, _randn, kl_schedule_other
 
 
 # ---- indexer + top-k ----------------------------------------------------------------------------
@@ -101,12 +79,6 @@ def indexer_deterministic_order(kl, seed):
     assert torch.equal(first, second), "the order of a row's indices changed between two runs"
 
 
-def kl_schedule_other(kl):
-    from .harness import Schedule
-
-    return Schedule("scrambled", "issue", resident_ctas=4, yield_probability=0.5)
-
-
 def indexer_workspace_too_small(kl, seed):
     from dsa_export.plugins.kernels import KernelError
 
@@ -134,13 +106,6 @@ def _indices(B, S, T, K, gen, *, pad_frac=0.1, oob=True):
         idx[r < 0.02] = T
         idx[(r >= 0.02) & (r < 0.03)] = T + 5
     return idx
-
-
-def _assert_close_attention(got, want, dtype, what=""):
-    tol = ATTN_TOL[dtype]
-    err = (got.double() - want).abs().max().item() if want.numel() else 0.0
-    bound = tol * max(want.abs().max().item() if want.numel() else 0.0, 1e-3)
-    assert math.isfinite(err) and err <= bound, f"{what}max abs error {err:.3e} > {bound:.3e}"
 
 
 def attention_case(B, S, T, H, Hkv, Dk, Dv, K, dtype="bf16", *, values_from_keys=False):
@@ -422,10 +387,8 @@ REAL_WIDTH_CASES: list[Case] = [
     Case("rw-bs-h16-d128-bs64", "block-sparse", block_sparse_case(1, 256, 1024, 16, 1, 128, 128, 64, 4, True, "bf16")),
 ]
 
-# Kernel families added since ABI 5 keep their cases in their own modules (each imports Case and the
-# helpers above, which exist by the time these imports run).
-from . import cases_paged_attention, cases_paged_indexer, cases_sampling  # noqa: E402
-
+# Kernel families added since ABI 5 keep their cases in their own modules (they import Case and the
+# shared helpers from case_base).
 for _family in (cases_paged_attention, cases_paged_indexer, cases_sampling):
     SMALL_CASES += _family.SMALL_CASES
     REAL_WIDTH_CASES += _family.REAL_WIDTH_CASES

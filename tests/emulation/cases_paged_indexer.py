@@ -18,7 +18,7 @@ from dsa_export.ops.reference import (
 )
 from tests.plugins.test_kernels_gpu import DTYPES
 
-from .cases import Case, _gen, _randn
+from .case_base import Case, _gen, _randn
 
 
 # ---- inputs ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from dsa_export.runtime.philox import philox_u53
 from tests.plugins.sampling_reference import check_tokens
 
-from .cases import Case, _gen
+from .case_base import Case, _gen
 
 _DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -163,7 +163,7 @@ def extreme_logits(kl, seed):
 def determinism(kl, seed):
     """The same call under another schedule gives the same ids; a row's id does not depend on the
     other rows of the batch."""
-    from .cases import kl_schedule_other
+    from .case_base import kl_schedule_other
 
     gen = _gen(seed)
     B, V = 6, 1100
