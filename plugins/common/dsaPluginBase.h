@@ -25,6 +25,7 @@
 #include "common/dsaPluginCommon.h"
 #include "common/dsaPluginTable.h"
 
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -338,6 +339,92 @@ private:
         }
         // Keys, values and the output share q's type.
         return desc.type == inOut[kQ].desc.type;
+    }
+};
+
+//! Base of the indexer plugins (DSAIndexerTopK, DSAIndexerTopKPaged): what their attributes and
+//! I/O rules share. Attributes topk (> 0), scale (finite), causal (0/1); the output is [B, S, topk]
+//! int32 (q's first two dims); q is a float type that the keys (Derived::kKEY_INPUT: k or k_pool)
+//! share, w is float32 or q's type, every other input (lengths, block table, query starts) is int32.
+//! Derived has a constructor (topk, scale, causal); create() reads the three fields.
+template <class Derived, class TableT>
+class DSAIndexerPlugin : public DSAPlugin<Derived, TableT>
+{
+    using Base = DSAPlugin<Derived, TableT>;
+
+public:
+    static Derived* create(PluginFieldReader const& fields)
+    {
+        int64_t const topk = fields.getInt(kTOPK);
+        if (topk <= 0 || topk > 0x7fffffff)
+        {
+            throw PluginError("attribute 'topk' must be in [1, 2^31), got " + std::to_string(topk));
+        }
+        return new Derived(static_cast<int32_t>(topk), fields.getFloat(kSCALE), fields.getInt(kCAUSAL) != 0 ? 1 : 0);
+    }
+
+protected:
+    static constexpr int32_t kQ = Base::inputIndex("q");
+    static constexpr int32_t kK = Base::inputIndex(Derived::kKEY_INPUT);
+    static constexpr int32_t kW = Base::inputIndex("w");
+    static constexpr int32_t kTOPK = Base::attributeIndex("topk");
+    static constexpr int32_t kSCALE = Base::attributeIndex("scale");
+    static constexpr int32_t kCAUSAL = Base::attributeIndex("causal");
+
+    DSAIndexerPlugin(int32_t topk, float scale, int32_t causal)
+        : Base({topk, scale, causal != 0 ? 1 : 0})
+    {
+        if (topk <= 0)
+        {
+            throw PluginError(std::string(Base::kTABLE.name) + ": attribute 'topk' must be positive, got "
+                + std::to_string(topk));
+        }
+        if (!std::isfinite(scale))
+        {
+            throw PluginError(std::string(Base::kTABLE.name) + ": attribute 'scale' must be finite");
+        }
+    }
+    DSAIndexerPlugin(DSAIndexerPlugin const& other) = default;
+
+private:
+    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* /*inputTypes*/) const noexcept override
+    {
+        outputTypes[0] = nvinfer1::DataType::kINT32;
+        return true;
+    }
+
+    void inferOutputShapes(
+        nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs, nvinfer1::IExprBuilder& exprBuilder) const override
+    {
+        if (inputs[kQ].nbDims != 4)
+        {
+            throw PluginError("q must be 4-D [B,S,H,D]");
+        }
+        outputs[0].nbDims = 3;
+        outputs[0].d[0] = inputs[kQ].d[0];
+        outputs[0].d[1] = inputs[kQ].d[1];
+        outputs[0].d[2] = exprBuilder.constant(this->int32Attr(kTOPK));
+    }
+
+    bool supportsType(
+        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept override
+    {
+        nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
+        if (pos == kQ)
+        {
+            return isFloatType(desc.type);
+        }
+        nvinfer1::DataType const qType = inOut[kQ].desc.type;
+        if (pos == kK)
+        {
+            return desc.type == qType;
+        }
+        if (pos == kW)
+        {
+            return desc.type == qType || desc.type == nvinfer1::DataType::kFLOAT;
+        }
+        // lengths, block table, query starts (when present) and the output indices.
+        return desc.type == nvinfer1::DataType::kINT32;
     }
 };
 

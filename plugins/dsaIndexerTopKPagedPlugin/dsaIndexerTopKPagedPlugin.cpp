@@ -2,8 +2,6 @@
 
 #include "api/dsa_kernels.h"
 
-#include <cmath>
-
 using namespace nvinfer1;
 
 namespace dsa
@@ -19,33 +17,11 @@ constexpr int32_t kIN_W = Plugin::inputIndex("w");
 constexpr int32_t kIN_TABLE = Plugin::inputIndex("block_table");
 constexpr int32_t kIN_START = Plugin::inputIndex("query_start");
 constexpr int32_t kIN_LENGTHS = Plugin::inputIndex("lengths");
-constexpr int32_t kTOPK = Plugin::attributeIndex("topk");
-constexpr int32_t kSCALE = Plugin::attributeIndex("scale");
-constexpr int32_t kCAUSAL = Plugin::attributeIndex("causal");
 } // namespace
 
 DSAIndexerTopKPagedPlugin::DSAIndexerTopKPagedPlugin(int32_t topk, float scale, int32_t causal)
-    : DSAPlugin({topk, scale, causal != 0 ? 1 : 0})
+    : DSAIndexerPlugin(topk, scale, causal)
 {
-    if (topk <= 0)
-    {
-        throw PluginError("DSAIndexerTopKPaged: attribute 'topk' must be positive, got " + std::to_string(topk));
-    }
-    if (!std::isfinite(scale))
-    {
-        throw PluginError("DSAIndexerTopKPaged: attribute 'scale' must be finite");
-    }
-}
-
-DSAIndexerTopKPagedPlugin* DSAIndexerTopKPagedPlugin::create(PluginFieldReader const& fields)
-{
-    int64_t const topk = fields.getInt(kTOPK);
-    if (topk <= 0 || topk > 0x7fffffff)
-    {
-        throw PluginError("attribute 'topk' must be in [1, 2^31), got " + std::to_string(topk));
-    }
-    return new DSAIndexerTopKPagedPlugin(static_cast<int32_t>(topk), fields.getFloat(kSCALE),
-        fields.getInt(kCAUSAL) != 0 ? 1 : 0);
 }
 
 void DSAIndexerTopKPagedPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
@@ -72,46 +48,6 @@ void DSAIndexerTopKPagedPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs
             + dimsToString(k) + ", w " + dimsToString(w) + ", block_table " + dimsToString(table) + ", query_start "
             + dimsToString(start) + ", lengths " + dimsToString(lengths));
     }
-}
-
-bool DSAIndexerTopKPagedPlugin::inferOutputTypes(DataType* outputTypes, DataType const* /*inputTypes*/) const noexcept
-{
-    outputTypes[0] = DataType::kINT32;
-    return true;
-}
-
-void DSAIndexerTopKPagedPlugin::inferOutputShapes(
-    DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& exprBuilder) const
-{
-    if (inputs[kIN_Q].nbDims != 4)
-    {
-        throw PluginError("q must be 4-D [B,S,H,D]");
-    }
-    outputs[0].nbDims = 3;
-    outputs[0].d[0] = inputs[kIN_Q].d[0];
-    outputs[0].d[1] = inputs[kIN_Q].d[1];
-    outputs[0].d[2] = exprBuilder.constant(int32Attr(kTOPK));
-}
-
-bool DSAIndexerTopKPagedPlugin::supportsType(
-    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
-{
-    PluginTensorDesc const& desc = inOut[pos].desc;
-    if (pos == kIN_Q)
-    {
-        return isFloatType(desc.type);
-    }
-    DataType const qType = inOut[kIN_Q].desc.type;
-    if (pos == kIN_K)
-    {
-        return desc.type == qType;
-    }
-    if (pos == kIN_W)
-    {
-        return desc.type == qType || desc.type == DataType::kFLOAT;
-    }
-    // block_table, query_start, lengths and the output indices.
-    return desc.type == DataType::kINT32;
 }
 
 size_t DSAIndexerTopKPagedPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,

@@ -1,8 +1,8 @@
 /*
  * IPluginV3 glue of DSAIndexerTopKPaged (namespace "dsa", version "1"); see README.md in this
- * folder. The table drives what all plugins share (common/dsaPluginBase.h); the class adds the shape
- * and type rules, the output shape, the workspace and the call of dsa_indexer_topk_paged
- * (api/dsa_kernels.h).
+ * folder. The table drives what all plugins share (common/dsaPluginBase.h), DSAIndexerPlugin what
+ * the indexers share (attributes, type rules, output); the class adds the shape checks, the workspace
+ * and the call of dsa_indexer_topk_paged (api/dsa_kernels.h).
  */
 #pragma once
 
@@ -37,22 +37,19 @@ struct DSAIndexerTopKPagedTable
     };
 };
 
-class DSAIndexerTopKPagedPlugin : public DSAPlugin<DSAIndexerTopKPagedPlugin, DSAIndexerTopKPagedTable>
+class DSAIndexerTopKPagedPlugin : public DSAIndexerPlugin<DSAIndexerTopKPagedPlugin, DSAIndexerTopKPagedTable>
 {
 public:
+    //! The keys input (DSAIndexerPlugin's type rule reads it).
+    static constexpr char const* kKEY_INPUT = "k_pool";
+
     DSAIndexerTopKPagedPlugin(int32_t topk, float scale, int32_t causal);
-    static DSAIndexerTopKPagedPlugin* create(PluginFieldReader const& fields);
 
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
 private:
     void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
-    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override;
-    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
-        nvinfer1::IExprBuilder& exprBuilder) const override;
-    bool supportsType(
-        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const noexcept override;
     void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
         void* workspace, cudaStream_t stream) const override;
 };

@@ -2,8 +2,6 @@
 
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
 
-#include <cmath>
-
 using namespace nvinfer1;
 
 namespace dsa
@@ -17,34 +15,11 @@ constexpr int32_t kIN_Q = Plugin::inputIndex("q");
 constexpr int32_t kIN_K = Plugin::inputIndex("k");
 constexpr int32_t kIN_W = Plugin::inputIndex("w");
 constexpr int32_t kIN_LENGTHS = Plugin::inputIndex("lengths");
-constexpr int32_t kTOPK = Plugin::attributeIndex("topk");
-constexpr int32_t kSCALE = Plugin::attributeIndex("scale");
-constexpr int32_t kCAUSAL = Plugin::attributeIndex("causal");
 } // namespace
 
 DSAIndexerTopKPlugin::DSAIndexerTopKPlugin(int32_t topk, float scale, int32_t causal)
-    : DSAPlugin({topk, scale, causal != 0 ? 1 : 0})
+    : DSAIndexerPlugin(topk, scale, causal)
 {
-    if (topk <= 0)
-    {
-        throw PluginError("DSAIndexerTopK: attribute 'topk' must be positive, got " + std::to_string(topk));
-    }
-    if (!std::isfinite(scale))
-    {
-        throw PluginError("DSAIndexerTopK: attribute 'scale' must be finite");
-    }
-}
-
-DSAIndexerTopKPlugin* DSAIndexerTopKPlugin::create(PluginFieldReader const& fields)
-{
-    int64_t const topk = fields.getInt(kTOPK);
-    float const scale = fields.getFloat(kSCALE);
-    int64_t const causal = fields.getInt(kCAUSAL);
-    if (topk <= 0 || topk > 0x7fffffff)
-    {
-        throw PluginError("attribute 'topk' must be in [1, 2^31), got " + std::to_string(topk));
-    }
-    return new DSAIndexerTopKPlugin(static_cast<int32_t>(topk), scale, causal != 0 ? 1 : 0);
 }
 
 void DSAIndexerTopKPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
@@ -69,48 +44,10 @@ void DSAIndexerTopKPlugin::checkInputs(Dims const* dims, int32_t nbInputs)
     }
 }
 
-bool DSAIndexerTopKPlugin::inferOutputTypes(DataType* outputTypes, DataType const* /*inputTypes*/) const noexcept
-{
-    outputTypes[0] = DataType::kINT32;
-    return true;
-}
-
-void DSAIndexerTopKPlugin::inferOutputShapes(DimsExprs const* inputs, DimsExprs* outputs, IExprBuilder& exprBuilder) const
-{
-    if (inputs[kIN_Q].nbDims != 4)
-    {
-        throw PluginError("q must be 4-D [B,S,H,D]");
-    }
-    outputs[0].nbDims = 3;
-    outputs[0].d[0] = inputs[kIN_Q].d[0];
-    outputs[0].d[1] = inputs[kIN_Q].d[1];
-    outputs[0].d[2] = exprBuilder.constant(int32Attr(kTOPK));
-}
-
 bool DSAIndexerTopKPlugin::formatsNeedInputCount() const noexcept
 {
     // Answers for any input count, so that a wrong count reaches configurePlugin's message.
     return false;
-}
-
-bool DSAIndexerTopKPlugin::supportsType(int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t /*nbInputs*/) const noexcept
-{
-    PluginTensorDesc const& desc = inOut[pos].desc;
-    if (pos == kIN_Q)
-    {
-        return isFloatType(desc.type);
-    }
-    DataType const qType = inOut[kIN_Q].desc.type;
-    if (pos == kIN_K)
-    {
-        return desc.type == qType;
-    }
-    if (pos == kIN_W)
-    {
-        return desc.type == qType || desc.type == DataType::kFLOAT;
-    }
-    // lengths (when present) and the output indices.
-    return desc.type == DataType::kINT32;
 }
 
 size_t DSAIndexerTopKPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,

@@ -1,7 +1,8 @@
 /*
  * IPluginV3 glue of DSAIndexerTopK (namespace "dsa", version "1"); see README.md in this folder.
- * The table drives what all plugins share (common/dsaPluginBase.h); the class adds the shape and
- * type rules, the output shape, the workspace and the kernel call.
+ * The table drives what all plugins share (common/dsaPluginBase.h), DSAIndexerPlugin what the
+ * indexers share (attributes, type rules, output); the class adds the shape checks, the workspace
+ * and the kernel call.
  */
 #pragma once
 
@@ -34,22 +35,19 @@ struct DSAIndexerTopKTable
     };
 };
 
-class DSAIndexerTopKPlugin : public DSAPlugin<DSAIndexerTopKPlugin, DSAIndexerTopKTable>
+class DSAIndexerTopKPlugin : public DSAIndexerPlugin<DSAIndexerTopKPlugin, DSAIndexerTopKTable>
 {
 public:
+    //! The keys input (DSAIndexerPlugin's type rule reads it).
+    static constexpr char const* kKEY_INPUT = "k";
+
     DSAIndexerTopKPlugin(int32_t topk, float scale, int32_t causal);
-    static DSAIndexerTopKPlugin* create(PluginFieldReader const& fields);
 
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
 private:
     void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;
-    bool inferOutputTypes(nvinfer1::DataType* outputTypes, nvinfer1::DataType const* inputTypes) const noexcept override;
-    void inferOutputShapes(nvinfer1::DimsExprs const* inputs, nvinfer1::DimsExprs* outputs,
-        nvinfer1::IExprBuilder& exprBuilder) const override;
-    bool supportsType(
-        int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs) const noexcept override;
     bool formatsNeedInputCount() const noexcept override;
     void launch(nvinfer1::PluginTensorDesc const* inputDesc, void const* const* inputs, void* const* outputs,
         void* workspace, cudaStream_t stream) const override;
