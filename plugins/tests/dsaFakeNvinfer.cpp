@@ -48,10 +48,37 @@ public:
         return mCreators.empty() ? nullptr : mCreators.data();
     }
 
+#if NV_TENSORRT_MAJOR > 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR >= 10)
     IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const numCreators) noexcept override
     {
         return getAllCreators(numCreators);
     }
+#endif
+#if NV_TENSORRT_MAJOR < 11
+    // TensorRT 10's deprecated IPluginCreator (V2) interface, which a registry must still implement:
+    // the DSA library registers only V3 creators, so none of these ever finds one.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    bool registerCreator(IPluginCreator& /*creator*/, AsciiChar const* const /*pluginNamespace*/) noexcept override
+    {
+        return false;
+    }
+    IPluginCreator* const* getPluginCreatorList(int32_t* const numCreators) const noexcept override
+    {
+        *numCreators = 0;
+        return nullptr;
+    }
+    IPluginCreator* getPluginCreator(AsciiChar const* const /*pluginName*/, AsciiChar const* const /*pluginVersion*/,
+        AsciiChar const* const /*pluginNamespace*/) noexcept override
+    {
+        return nullptr;
+    }
+    bool deregisterCreator(IPluginCreator const& /*creator*/) noexcept override
+    {
+        return false;
+    }
+#pragma GCC diagnostic pop
+#endif
 
     bool deregisterCreator(IPluginCreatorInterface const& creator) noexcept override
     {
