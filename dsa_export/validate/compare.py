@@ -40,6 +40,7 @@ from dsa_export.ops.contract import SELECTING_OPS
 from dsa_export.quiet import polygraphy_to_stderr
 from dsa_export.runtime.onnxrt import polygraphy_runner
 from dsa_export.runtime.torch_runner import TorchRunner, metadata_from_onnx
+from dsa_export.validate.cache_codes import code_flips
 from dsa_export.validate.selections import LayerSelections, compare_selections
 
 log = logging.getLogger(__name__)
@@ -366,7 +367,7 @@ class _Validation:
             # FP8 cache pools (uint8 e4m3 codes): a cached value the two runtimes compute a last bit
             # apart may sit on an FP8 rounding midpoint and round to the neighbouring code, which
             # moves every output that reads it by up to one e4m3 step (2^-3 relative). With an
-            # indexer the queries that read such a code are found and left out (_code_flips);
+            # indexer the queries that read such a code are found and left out (cache_codes);
             # without one, there is no selection to follow: judged on the median error.
             default_stat = "median"
         self.error_stat = settings.error_stat or default_stat
@@ -509,7 +510,7 @@ class _Validation:
             if len(layers) != len(ours):
                 raise RuntimeError(f"{len(ours)} DSAIndexerTopK nodes but {len(layers)} transformers indexers")
             lengths, past[k] = _selection_lengths(feed, ours)
-            flips = _code_flips(torch_iters[k], outputs, self.fp8_pools, layers, feed, past[k],
+            flips = code_flips(torch_iters[k], outputs, self.fp8_pools, layers, feed, past[k],
                                 ours[0].shape[:2]) if self.fp8_pools and ours else {}
             classified, diverged = compare_selections(dict(zip(layers, ours)), theirs, lengths,
                                                       tie_rtol=self.tie_rtol, past=past[k], flipped=flips)
@@ -602,48 +603,6 @@ def _aligned(mask: np.ndarray, shape: tuple[int, ...], past: int, feed: dict | N
     if past and shape[1] == past + mask.shape[1]:
         return np.concatenate([np.zeros((mask.shape[0], past), dtype=bool), mask], axis=1)
     return None
-
-
-def _code_flips(expected, actual, pools: list[str], layers: list[int], feed: dict, past: int,
-                queries: tuple[int, int]) -> dict[int, np.ndarray]:
-    """``{indexer layer: [B,S] queries}`` whose entry of an FP8 cache pool (``present_*`` uint8
-    e4m3 codes) holds a neighbouring code in the two runtimes: a value one of them computed a last
-    bit apart sat on an FP8 rounding midpoint. The queries that read such an entry are expected to
-    move by up to one e4m3 step of that value; compare_selections treats the writer as diverged
-    from that layer on, so its readers are left out of the strict comparison. A pool of layer ``l``
-    is counted at the last full indexer layer ``<= l`` (the selection layer ``l`` reads). Codes
-    further apart are not flips: they stay in the comparison and fail it."""
-    if "block_table" not in feed:
-        return {}
-    table = np.asarray(feed["block_table"])
-    full = sorted({int(name.rsplit("_", 1)[1]) for name in expected
-                   if name.startswith("present_index_key_pool_")})
-    if len(full) != len(layers):
-        return {}
-    at = dict(zip(full, layers))
-    flips: dict[int, np.ndarray] = {}
-    for name in pools:
-        if name not in expected or name not in actual:
-            continue
-        ref, ours = (np.asarray(x).astype(np.int16) for x in (expected[name], actual[name]))
-        if ref.shape != ours.shape or ref.ndim < 2:
-            continue
-        differ = ref != ours
-        neighbours = differ & (np.abs(ref - ours) <= 1) & ((ref >> 7) == (ours >> 7))
-        rows = neighbours.reshape(*ref.shape[:2], -1).any(-1)  # [pages, page]
-        if not rows.any():
-            continue
-        layer = int(name.rsplit("_", 1)[1])
-        owner = max((f for f in full if f <= layer), default=None)
-        key = at[owner] if owner is not None else layers[0]
-        mask = flips.setdefault(key, np.zeros(queries, dtype=bool))
-        for b in range(queries[0]):
-            for s in range(queries[1]):
-                position = past + s
-                block = position // ref.shape[1]
-                if block < table.shape[1] and 0 <= table[b, block] < ref.shape[0]:
-                    mask[b, s] |= rows[table[b, block], position % ref.shape[1]]
-    return flips
 
 
 def _pool_mask(mask: np.ndarray, shape: tuple[int, ...], past: int, table: np.ndarray) -> np.ndarray | None:

@@ -142,17 +142,17 @@ def _pools(flip_at=None, far=False):
 
 
 def test_an_fp8_code_rounded_to_its_neighbour_marks_its_writer_and_only_it():
-    from dsa_export.validate.compare import _code_flips
+    from dsa_export.validate.cache_codes import code_flips
 
     pools = ["present_latent_pool_0", "present_index_key_pool_0"]
     expected, actual, feed = _pools()
-    assert _code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
+    assert code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
     expected, actual, feed = _pools(flip_at=(1, 3))
-    flips = _code_flips(expected, actual, pools, [7], feed, 2, (2, 6))
+    flips = code_flips(expected, actual, pools, [7], feed, 2, (2, 6))
     assert list(flips) == [7] and flips[7].sum() == 1 and flips[7][1, 3]  # keyed by the indexer layer
     # A code further away is a real difference: not a flip (the strict comparison fails on it).
     expected, actual, feed = _pools(flip_at=(1, 3), far=True)
-    assert _code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
+    assert code_flips(expected, actual, pools, [7], feed, 2, (2, 6)) == {}
 
 
 def test_the_readers_of_a_flipped_code_are_left_out_and_counted_as_propagated():
