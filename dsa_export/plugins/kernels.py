@@ -75,6 +75,9 @@ class KernelLibrary:
                                                                                    _c_ptr, _c_size, _c_ptr]
         lib.dsa_moe_experts_path.restype = _c_i32
         lib.dsa_moe_experts_path.argtypes = [_c_i64] * 5 + [_c_i32, _c_i32, _c_i64]
+        lib.dsa_sample_tokens.restype = _c_i32
+        lib.dsa_sample_tokens.argtypes = [_c_ptr, _c_i64, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_i64, _c_i64,
+                                          _c_i32, _c_ptr]
         lib.dsa_block_sparse_attention.restype = _c_i32
         lib.dsa_block_sparse_attention.argtypes = [_c_ptr] * 5 + [_c_i64] * 9 + [ctypes.c_float, _c_i32, _c_i32,
                                                                                  _c_ptr]
@@ -539,9 +542,7 @@ class KernelLibrary:
         span = logits.as_strided(((B - 1) * stride + V,), (1,)) if B > 0 else logits.reshape(-1)
         span = self._staged(span)
 
-        def per_row(value, dtype, default):
-            if value is None:
-                value = default
+        def per_row(value, dtype):
             t = torch.as_tensor(value, dtype=dtype).to(device=logits.device)
             if t.dim() == 0:
                 t = t.expand(B)
@@ -549,29 +550,26 @@ class KernelLibrary:
                 raise ValueError(f"a per-row setting must be a scalar or [{B}]; got {tuple(t.shape)}")
             return self._staged(t.contiguous())
 
-        temps = per_row(temperature, torch.float32, 0.0) if temperature is not None else None
-        tops = per_row(top_p, torch.float32, 1.0) if top_p is not None else None
+        temps = per_row(temperature, torch.float32) if temperature is not None else None
+        tops = per_row(top_p, torch.float32) if top_p is not None else None
         if seeds is not None and not isinstance(seeds, torch.Tensor):
             import numpy as np
 
             seeds = torch.from_numpy(np.asarray(seeds, dtype=np.uint64).view(np.int64).copy())  # uint64 bits
         elif seeds is not None and seeds.dtype == getattr(torch, "uint64", None):
             seeds = seeds.view(torch.int64)
-        seed_t = per_row(seeds, torch.int64, 0) if seeds is not None else None
-        off_t = per_row(offsets, torch.int64, 0) if offsets is not None else None
+        seed_t = per_row(seeds, torch.int64) if seeds is not None else None
+        off_t = per_row(offsets, torch.int64) if offsets is not None else None
         out = self._empty((B,), torch.int32, span)
-        fn = self._lib.dsa_sample_tokens
-        fn.restype = _c_i32
-        fn.argtypes = [_c_ptr, _c_i64, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_i64, _c_i64, _c_i32, _c_ptr]
 
         def ptr(t):
             return t.data_ptr() if t is not None else None
 
-        status = fn(ptr(span) if B > 0 else None, stride, out.data_ptr() if B > 0 else None, ptr(temps), ptr(tops),
-                    ptr(seed_t), ptr(off_t), B, V, self.dtype_code(logits.dtype), self._stream(logits.device))
+        status = self._lib.dsa_sample_tokens(
+            ptr(span) if B > 0 else None, stride, out.data_ptr() if B > 0 else None, ptr(temps), ptr(tops),
+            ptr(seed_t), ptr(off_t), B, V, self.dtype_code(logits.dtype), self._stream(logits.device))
         self._check(status, "dsa_sample_tokens")
         return out
-
 
     # -- paged indexer + top-k (float pools, FP8 keys) (ABI 5) ---------------------------------------
     #: dsa_indexer_topk_set_select_mode's modes, by code
