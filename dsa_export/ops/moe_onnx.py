@@ -22,6 +22,11 @@ Memory: ``acc`` and ``x`` in float32 (``O(N*H)``), one expert's weights in float
 expert computes tokens that were not routed to it. ``T = min(N, 128, ceil(N*K/E))`` keeps tiles
 near an expert's mean load (a decode step, N = 1, pads nothing).
 
+Dense path (``DSAMoEExperts`` only): for a few rows over float32 weights that name most experts
+anyway (a decode step), one ``If`` runs every expert over every row with the stacks read where
+they lie (``MatMul(gate_up, x^T)``, ``MatMul(down, h)``: no per-expert copy) instead of the sort,
+and the loop's trip count is 0; see :func:`_dense_or_sort` and docs/ops.md.
+
 FP8: ONNX has no ``Gather`` of float8 tensors and TensorRT accepts float8 tensors only into
 dequantize/shuffle/concat layers, so selecting one FP8 expert needs ``Scan`` (which iterates the
 FP8 stack) in ONNX Runtime and is impossible in TensorRT. Two bodies compute the same function:
@@ -44,6 +49,13 @@ F32, I32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, T
 
 #: Most token rows one tile (one Gemm) of the body processes.
 TILE_ROWS = 128
+
+#: The dense path (every expert over every row, stacks read in place) runs for at most this many
+#: rows, and only when E <= DENSE_EXPERT_FACTOR * N * K: the rows hit most experts anyway, and
+#: its extra FLOPs (E/K times the routed ones) stay under the cost of the loop's per-expert
+#: weight copies on a CPU (2 FLOPs per weight and row against 12 bytes moved per weight).
+DENSE_MAX_ROWS = 16
+DENSE_EXPERT_FACTOR = 3
 
 #: FP8 body constructions, see the module docstring.
 FP8_BODIES = ("expert", "stack")
@@ -68,19 +80,31 @@ class _Schedule:
     expert_range: str  # [E] 0..E-1
     active: str  # scalar: experts with at least one slot
     order: str  # [E] active experts first, ascending
+    dense_rows: str = ""  # [N, H] float32 from the dense path (zeros when the loop runs); float body only
 
 
-def _prelude(b: Body) -> _Schedule:
-    xf = b("Cast", "x", to=F32)
+@dataclass(frozen=True)
+class _Sort:
+    """The prelude's routing-dependent values (the counting sort), see :func:`_sort`."""
+
+    sorted_token: str
+    sorted_weight: str
+    counts: str
+    starts: str
+    active: str
+    order: str
+
+    TYPES = (I64, F32, I64, I64, I64, I64)
+    RANKS = (1, 1, 1, 1, 0, 1)
+
+    def names(self) -> list[str]:
+        return [self.sorted_token, self.sorted_weight, self.counts, self.starts, self.active, self.order]
+
+
+def _sort(b: Body, n: str, k: str, e: str, m: str, expert_range: str) -> _Sort:
+    """Merge repeated experts and sort the ``N*K`` slots by expert (prelude steps, module doc)."""
     wf = b("Cast", "topk_weights", to=F32)
     ids = b("Cast", "topk_ids", to=I64)
-    x_shape = b("Shape", "x")
-    n = b("Gather", x_shape, b.const(0), axis=0)
-    hidden = b("Slice", x_shape, b.const([1]), b.const([2]))
-    k = b("Gather", b("Shape", "topk_ids"), b.const(1), axis=0)
-    e = b("Gather", b("Shape", "gate_up"), b.const(0), axis=0)
-    m = b("Mul", n, k)
-
     # A repeated expert in a row: its first slot takes the summed weight, the others are skipped.
     same = b("Equal", b("Unsqueeze", ids, b.const([2])), b("Unsqueeze", ids, b.const([1])))  # [N,K,K]
     merged = b("ReduceSum", b("Mul", b("Cast", same, to=F32), b("Unsqueeze", wf, b.const([1]))),
@@ -109,7 +133,6 @@ def _prelude(b: Body) -> _Schedule:
     sorted_weight = b("Gather", slot_weight, perm, axis=0)
 
     # Active experts first (a permutation again, so ScatterND writes each position once).
-    expert_range = b("Range", b.const(0), e, b.const(1))
     used = b("Cast", b("Greater", b("Slice", counts, b.const([0]), b("Unsqueeze", e, b.const([0]))), b.const(0)),
              to=I64)  # [E]
     active = b("ReduceSum", used, b.const([0]), keepdims=0)
@@ -117,6 +140,24 @@ def _prelude(b: Body) -> _Schedule:
     epos = b("Where", b("Cast", used, to=BOOL), b("CumSum", used, b.const(0), exclusive=1),
              b("Add", active, b("CumSum", unused, b.const(0), exclusive=1)))
     order = b("ScatterND", expert_range, b("Unsqueeze", epos, b.const([1])), expert_range)
+    return _Sort(sorted_token, sorted_weight, counts, starts, active, order)
+
+
+def _prelude(b: Body, dense: bool = False) -> _Schedule:
+    """The loops' schedule. With ``dense`` (the float body), the sort runs only when the dense path
+    does not: it and the dense path are the two branches of one ``If`` (see :func:`_dense_or_sort`)."""
+    xf = b("Cast", "x", to=F32)
+    x_shape = b("Shape", "x")
+    n = b("Gather", x_shape, b.const(0), axis=0)
+    hidden = b("Slice", x_shape, b.const([1]), b.const([2]))
+    k = b("Gather", b("Shape", "topk_ids"), b.const(1), axis=0)
+    e = b("Gather", b("Shape", "gate_up"), b.const(0), axis=0)
+    m = b("Mul", n, k)
+    expert_range = b("Range", b.const(0), e, b.const(1))
+    if dense:
+        dense_rows, sort = _dense_or_sort(b, n, k, e, m, hidden, expert_range)
+    else:
+        dense_rows, sort = "", _sort(b, n, k, e, m, expert_range)
 
     # T = min(N, TILE_ROWS, ceil(M / E)), at least 1.
     mean_load = b("Max", b("Div", b("Sub", b("Add", m, e), b.const(1)), e), b.const(1))
@@ -127,8 +168,9 @@ def _prelude(b: Body) -> _Schedule:
     return _Schedule(
         n=n, hidden=hidden, last_slot=b("Sub", m, b.const(1)), tile=tile,
         tile_rows=b("Range", b.const(0), tile, b.const(1)), x_rows=x_rows,
-        acc0=b("ConstantOfShape", rows_shape, value=zero), sorted_token=sorted_token, sorted_weight=sorted_weight,
-        counts=counts, starts=starts, experts=e, expert_range=expert_range, active=active, order=order,
+        acc0=b("ConstantOfShape", rows_shape, value=zero), sorted_token=sort.sorted_token,
+        sorted_weight=sort.sorted_weight, counts=sort.counts, starts=sort.starts, experts=e,
+        expert_range=expert_range, active=sort.active, order=sort.order, dense_rows=dense_rows,
     )
 
 
@@ -206,8 +248,9 @@ def _fp8_scan(b: Body, s: _Schedule, gate_up_rows: str, down_rows: str) -> str:
              num_scan_inputs=5)
 
 
-def _finish(b: Body, s: _Schedule, acc: str, spec: OpSpec, opset: int) -> FunctionProto:
-    rows = b("Slice", acc, b.const([0]), b("Unsqueeze", s.n, b.const([0])), b.const([0]))
+def _finish(b: Body, s: _Schedule, acc: str, spec: OpSpec, opset: int, sliced: bool = False) -> FunctionProto:
+    """Cast ``acc``'s first N rows (all of it when ``sliced``) to x's type as ``out``; the FunctionProto."""
+    rows = acc if sliced else b("Slice", acc, b.const([0]), b("Unsqueeze", s.n, b.const([0])), b.const([0]))
     b("CastLike", rows, "x")
     b.rename_last("out")
     return helper.make_function(
@@ -220,11 +263,86 @@ def _finish(b: Body, s: _Schedule, acc: str, spec: OpSpec, opset: int) -> Functi
     )
 
 
+def _dense_condition(b: Body, n: str, k: str, e: str) -> str:
+    """Scalar bool: take the dense path (see :func:`_dense_or_sort`).
+
+    ``N <= DENSE_MAX_ROWS`` and ``E <= DENSE_EXPERT_FACTOR * N * K``, and float32 weights: ``1 +
+    2^-23`` survives a CastLike to x's type only in float32 (a constant ONNX Runtime folds), so
+    fp16/bf16 graphs keep the loop and never run the branch's MatMuls in their own precision.
+    """
+    few_rows = b("LessOrEqual", n, b.const(DENSE_MAX_ROWS))
+    most_hit = b("LessOrEqual", e, b("Mul", b.const(DENSE_EXPERT_FACTOR), b("Mul", n, k)))
+    probe = b.const(1.0 + 2.0**-23, F32)
+    is_f32 = b("Equal", b("Cast", b("CastLike", probe, "x"), to=F32), probe)
+    return b("And", b("And", few_rows, most_hit), is_f32)
+
+
+def _dense_or_sort(b: Body, n: str, k: str, e: str, m: str, hidden: str, expert_range: str) -> tuple[str, _Sort]:
+    """One ``If``: the dense path, or the sort the expert loop needs.
+
+    Dense (a few rows over float32 weights, most experts hit anyway): every expert over every row,
+    weighted by its routing weight (0 if not routed), the stacks read where they lie:
+    ``MatMul(gate_up [E,2I,H], x^T [1,H,N])`` and ``MatMul(down [E,H,I], h [E,I,N])`` put them on
+    the left, so neither is transposed, gathered or cast; only ``[E, *, N]`` activations are
+    written. That branch gives the loop nothing to do (no active expert); the other gives ``[N, H]``
+    zeros and the sort. Both branches give every output the same shape (TensorRT's conditionals).
+    Returns the ``[N, H]`` float32 dense rows and the sort's values.
+    """
+    zero = helper.make_tensor("v", F32, [1], [0.0])
+    then = b.child("dense")
+    xt = then("Unsqueeze", then("Transpose", "x", perm=[1, 0]), then.const([0]))  # [1,H,N]
+    gate, up = then("Split", then("Cast", then("MatMul", "gate_up", xt), to=F32), axis=1, num_outputs=2,
+                    outputs=2)  # [E,I,N] each
+    hidden_act = then("CastLike", then("Mul", then("Mul", gate, then("Sigmoid", gate)), up), "x")  # SiLU(gate) * up
+    out = then("Cast", then("MatMul", "down", hidden_act), to=F32)  # [E,H,N]
+    # Routing weight of (row, expert): the sum over the row's slots naming it (a repeated expert's
+    # weights summed, ids out of range nowhere), the prelude's merge rule.
+    named = then("Equal", then("Unsqueeze", then("Cast", "topk_ids", to=I64), then.const([2])),
+                 then("Unsqueeze", expert_range, then.const([0, 1])))  # [N,K,E]
+    weight = then("ReduceSum", then("Mul", then("Cast", named, to=F32),
+                                    then("Unsqueeze", then("Cast", "topk_weights", to=F32), then.const([2]))),
+                  then.const([1]), keepdims=0)  # [N,E]
+    routed = then("Transpose", then("Unsqueeze", then("ReduceMax", then("Cast", named, to=I32), then.const([1]),
+                                                      keepdims=0), then.const([2])), perm=[1, 2, 0])  # [E,1,N]
+    scaled = then("Where", then("Cast", routed, to=BOOL),
+                  then("Mul", out, then("Unsqueeze", then("Transpose", weight, perm=[1, 0]), then.const([1]))),
+                  then.const(0.0, F32))  # an unrouted expert adds an exact 0, whatever it computed
+    dense_rows = then("Transpose", then("ReduceSum", scaled, then.const([0]), keepdims=0), perm=[1, 0])  # [N,H]
+    slots = then("Unsqueeze", m, then.const([0]))
+    no_slots = then("Expand", then.const([0]), slots)
+    bucket_range = then("Range", then.const(0), then("Add", e, then.const(1)), then.const(1))
+    no_counts = then("Sub", bucket_range, bucket_range)  # (an Expand of 0 here fails TensorRT-RTX's Myelin)
+    no_sort = _Sort(sorted_token=no_slots, sorted_weight=then("Cast", no_slots, to=F32), counts=no_counts,
+                    starts=then("Identity", no_counts), active=then.const(0), order=then("Identity", expert_range))
+
+    other = b.child("sort")
+    nothing = other("ConstantOfShape", other("Concat", other("Unsqueeze", n, other.const([0])), hidden, axis=0),
+                    value=zero)
+    sort = _sort(other, n, k, e, m, expert_range)
+
+    def outputs(rows: str, values: _Sort) -> list:
+        return [value(rows, F32, 2)] + [value(name, t, r) for name, t, r in zip(values.names(), _Sort.TYPES,
+                                                                                  _Sort.RANKS, strict=True)]
+
+    results = b("If", _dense_condition(b, n, k, e), then_branch=then.graph([], outputs(dense_rows, no_sort)),
+                else_branch=other.graph([], outputs(nothing, sort)), outputs=7)
+    return results[0], _Sort(*results[1:])
+
+
 def moe_experts_function(opset: int) -> FunctionProto:
-    """Body of DSAMoEExperts (SiLU; other activations are refused before a node is written)."""
+    """Body of DSAMoEExperts (SiLU; other activations are refused before a node is written).
+
+    Two paths with one result: the expert loop (the general one), and for a few rows over
+    float32 weights most of which the rows hit anyway (a decode step), every expert over every
+    row with the stacks read in place: no per-expert Gather copies and a tenth of the nodes.
+    The loop's trip count is 0 when the dense path runs (TensorRT(-RTX) takes no Loop inside
+    an If, so the Loop stays outside it).
+    """
     b = Body("moe")
-    s = _prelude(b)
-    return _finish(b, s, _expert_loop(b, s, "gate_up", "down"), MOE_EXPERTS, opset)
+    s = _prelude(b, dense=True)
+    acc = _expert_loop(b, s, "gate_up", "down")
+    rows = b("Slice", acc, b.const([0]), b("Unsqueeze", s.n, b.const([0])), b.const([0]))
+    return _finish(b, s, b("Add", rows, s.dense_rows), MOE_EXPERTS, opset, sliced=True)
 
 
 def moe_experts_fp8_function(opset: int, body: str = "expert") -> FunctionProto:

@@ -3,6 +3,10 @@ TensorRT-RTX) against each other, with skipped slots, idle experts, repeated exp
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -325,6 +329,17 @@ def _graph_ops(graph: onnx.GraphProto) -> set[str]:
     return ops
 
 
+def _readers(graph: onnx.GraphProto, names=("gate_up", "down")) -> list[str]:
+    """Op types of the nodes that read the weight stacks, subgraphs included (outer-scope reads)."""
+    found = []
+    for node in graph.node:
+        found += [node.op_type] * sum(name in node.input for name in names)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found += _readers(attr.g, names)
+    return found
+
+
 def test_bodies_read_expert_weights_only_one_expert_at_a_time():
     fns = {f.name: f for f in function_protos(21)}
     for name, stack_ops in (("DSAMoEExperts", {"Loop"}), ("DSAMoEExpertsFP8", {"Scan"})):
@@ -334,13 +349,53 @@ def test_bodies_read_expert_weights_only_one_expert_at_a_time():
         readers = {n.op_type for n in fn.node if "gate_up" in n.input or "down" in n.input}
         assert readers <= {"Shape"} | stack_ops, readers
         ops = _graph_ops(onnx.helper.make_graph(fn.node, "f", [], []))
-        # What TensorRT(-RTX) cannot run: NonZero (plugin only), reducing scatters; and no dense
-        # all-experts form (batched MatMul over the stack, Einsum).
+        # What TensorRT(-RTX) cannot run: NonZero (plugin only), reducing scatters, Einsum.
         assert not ops & {"NonZero", "Compress", "Einsum", "ScatterElements"}
         assert all(a.s in (b"", b"none") for n in fn.node for a in n.attribute if a.name == "reduction")
+    # Inside, the stacks are gathered one expert at a time, or (the float body's dense path for a
+    # few rows) multiplied where they lie: never transposed, cast or expanded whole.
+    graph = onnx.helper.make_graph(fns["DSAMoEExperts"].node, "f", [], [])
+    assert sorted(_readers(graph)) == ["Gather", "Gather", "MatMul", "MatMul", "Shape"]
     assert "DSAMoEExpertsFP8" not in {f.name for f in function_protos(18)}
     with pytest.raises(ValueError, match="opset >= 21"):
         moe_experts_fp8_function(18)
+
+
+def _node_runs(model, feed) -> dict[str, int]:
+    """How many times each op type ran in one ONNX Runtime call (its profiler)."""
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "moe")
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    first = sess.run(None, feed)[0]
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    runs: dict[str, int] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            runs[event["args"]["op_name"]] = runs.get(event["args"]["op_name"], 0) + 1
+    np.testing.assert_array_equal(first, _ort(model, feed))  # the profiler changes nothing
+    return runs
+
+
+@pytest.mark.parametrize("n,k,e,dtype,dense", [(4, 4, 8, np.float32, True), (1, 8, 24, np.float32, True),
+                                               (17, 2, 8, np.float32, False), (2, 2, 16, np.float32, False),
+                                               (4, 4, 8, np.float16, False)])
+def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense):
+    """A few float32 rows that hit most experts take the dense path (no Gemm of the loop runs);
+    more rows, fewer experts hit, or fp16/bf16 weights keep the loop. Both give the reference."""
+    gen = torch.Generator().manual_seed(n * 100 + e)
+    x = torch.randn(n, 16, generator=gen)
+    ids, weights = routing(n, k, e, gen)
+    gate_up, down = experts(e, 8, 16, gen)
+    feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
+    for name in ("x", "gate_up", "down"):
+        feed[name] = feed[name].astype(dtype)
+    runs = _node_runs(moe_model(e, 8, 16, k, dtype), feed)
+    assert ("Gemm" not in runs) == dense, runs
+    assert bool({"MatMul", "FusedMatMul"} & set(runs)) == dense, runs
+    want = moe_experts_reference(*feed.values())
+    tol = 1e-5 if dtype == np.float32 else 2e-3
+    np.testing.assert_allclose(_ort(moe_model(e, 8, 16, k, dtype), feed).astype(np.float32), want, rtol=tol, atol=tol)
 
 
 def test_schemas_check_the_weight_types():
