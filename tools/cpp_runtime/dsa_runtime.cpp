@@ -48,6 +48,7 @@ public:
         , mEngine(mOptions, pagedRequest(options), options.cudaGraphs)
         , mScheduler(mEngine.limits())
         , mKeepLogits(options.keepLogits)
+        , mPrefillChunk(options.prefillChunk)
     {
         SchedulerLimits const& limits = mEngine.limits();
         mInfo.stages = mEngine.stages();
@@ -81,10 +82,11 @@ public:
                             "path (RuntimeOptions::kernels or $DSA_EXPORT_KERNELS_LIB) or build it with `dsa-export "
                             "plugins build`.");
         }
-        CallInputs const call = mScheduler.admit(ids, lengths);
-        for (size_t row = 0; row < call.slots.size(); ++row)
+        std::vector<CallInputs> const calls = mScheduler.admit(ids, lengths, mPrefillChunk);
+        CallInputs const& first = calls.front();  // every prompt has a row with tokens in the first call
+        for (size_t row = 0; row < first.slots.size(); ++row)
         {
-            SlotSampling& slot = mSampling[call.slots[row]];
+            SlotSampling& slot = mSampling[first.slots[row]];
             slot = SlotSampling();
             if (!sampling.empty())
             {
@@ -95,19 +97,23 @@ public:
         }
         try
         {
-            mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
+            for (CallInputs const& call : calls)  // chunks of long prompts, in order
+            {
+                mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
+                finish(call);
+            }
         }
         catch (...)
         {
-            for (int slot : call.slots)
+            for (int slot : first.slots)
             {
                 mSampling.erase(slot);
+                mLogits.erase(slot);
             }
-            mScheduler.abandon(call);
+            mScheduler.abandon(first);
             throw;
         }
-        finish(call);
-        return call.slots;
+        return first.slots;
     }
 
     void setSampling(int slot, SamplingParams const& params)
@@ -170,21 +176,21 @@ public:
     bool deviceSampling() const { return mEngine.deviceSampling(); }
 
 private:
-    //! The call ran: each row's token (and logits, when kept) go to its slot; its draws count on.
+    //! The call ran: each sampled row's token (and logits, when kept) go to its slot, whose draws count on.
     void finish(CallInputs const& call)
     {
         int64_t const vocab = mEngine.vocab();
         std::vector<int64_t> const& chosen = mEngine.tokens();
         for (size_t row = 0; row < call.slots.size(); ++row)
         {
-            if (call.slots[row] >= 0 && call.counts[row] > 0)
+            if (call.slots[row] >= 0 && call.sampled[row] != 0)
             {
                 mSampling[call.slots[row]].step += 1;
             }
         }
         for (size_t row = 0; mKeepLogits && row < call.slots.size(); ++row)
         {
-            if (call.slots[row] >= 0 && call.counts[row] > 0)
+            if (call.slots[row] >= 0 && call.sampled[row] != 0)
             {
                 mLogits[call.slots[row]] = logitRow(mEngine.logits(), mEngine.logitType(), int64_t(row), vocab);
             }
@@ -198,6 +204,7 @@ private:
     PagedEngine mEngine;
     Scheduler mScheduler;
     bool mKeepLogits;
+    int64_t mPrefillChunk;  //!< tokens per row of a prefill call (0: the prefill profile's max)
     RuntimeInfo mInfo;
     std::map<int, std::vector<float>> mLogits;
     std::map<int, SlotSampling> mSampling;  //!< each live slot's settings and chosen-token count

@@ -101,6 +101,7 @@ int generateWith(RunOptions const& options)
     runtimeOptions.slots = static_cast<int>(batch);
     runtimeOptions.maxTokens = length + options.generate;
     runtimeOptions.kernels = options.kernels;
+    runtimeOptions.prefillChunk = options.prefillChunk;
     Runtime runtime(options.path, runtimeOptions);
     for (std::string const& note : runtime.info().notes)
     {

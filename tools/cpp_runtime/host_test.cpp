@@ -116,7 +116,7 @@ void testPagesLimit()
 void testAdmitBuildsThePrefillCall()
 {
     dsa::Scheduler scheduler(smallLimits());
-    dsa::CallInputs const call = scheduler.admit({5, 6, 7, 8, 9, 10, 11}, {5, 2});
+    dsa::CallInputs const call = scheduler.admit({5, 6, 7, 8, 9, 10, 11}, {5, 2}).front();
     CHECK(call.prefill && call.batch == 2 && call.length == 5 && call.width == 2);
     CHECK((call.ids == std::vector<int64_t>{5, 6, 7, 8, 9, 10, 11, 0, 0, 0}));
     CHECK((call.starts == std::vector<int32_t>{0, 0}) && (call.counts == std::vector<int32_t>{5, 2}));
@@ -132,7 +132,7 @@ void testAdmitBuildsThePrefillCall()
 void testDecodeCallsGrowPagesAndBatches()
 {
     dsa::Scheduler scheduler(smallLimits());
-    dsa::CallInputs const prefill = scheduler.admit({1, 2, 3, 4, 5, 6, 7, 8}, {4, 4});
+    dsa::CallInputs const prefill = scheduler.admit({1, 2, 3, 4, 5, 6, 7, 8}, {4, 4}).front();
     scheduler.commit(prefill, {11, 12});
     dsa::CallInputs const step = scheduler.decodeCall();  // token 5 of each row starts a second page
     CHECK(!step.prefill && step.batch == 2 && step.length == 1 && step.width == 3);
@@ -145,8 +145,47 @@ void testDecodeCallsGrowPagesAndBatches()
     dsa::CallInputs const alone = scheduler.decodeCall();  // slot 1 alone: a batch of 2, row 0 idle
     CHECK(alone.batch == 2 && (alone.slots == std::vector<int>{-1, 1}) && (alone.counts == std::vector<int32_t>{0, 1}));
     CHECK((alone.table == std::vector<int32_t>{-1, -1, -1, 2, 4, -1}) && alone.ids[0] == 0);
-    dsa::CallInputs const again = scheduler.admit({9}, {1});  // the freed slot and its pages come back first
+    dsa::CallInputs const again = scheduler.admit({9}, {1}).front();  // the freed slot and its pages come back first
     CHECK((again.slots == std::vector<int>{0}) && (again.table == std::vector<int32_t>{1}));
+}
+
+void testLongPromptsArePrefilledInChunks()
+{
+    dsa::Scheduler scheduler(smallLimits());  // 8 tokens per prefill call, 12 per sequence, pages of 4
+    std::vector<int64_t> ids;
+    for (int64_t i = 1; i <= 14; ++i)
+    {
+        ids.push_back(i);
+    }
+    // Prompt 0: 11 tokens (3 chunks of 4), prompt 1: 3 tokens (done in the first call).
+    std::vector<dsa::CallInputs> const calls = scheduler.admit(ids, {11, 3}, 4);
+    CHECK(calls.size() == 3);
+    CHECK(scheduler.pages().pages(0).size() == 3 && scheduler.pages().pages(1).size() == 1);  // all taken at once
+    CHECK(calls[0].length == 4 && calls[0].width == 3);
+    CHECK((calls[0].ids == std::vector<int64_t>{1, 2, 3, 4, 12, 13, 14, 0}));
+    CHECK((calls[0].starts == std::vector<int32_t>{0, 0}) && (calls[0].counts == std::vector<int32_t>{4, 3}));
+    CHECK((calls[0].sampled == std::vector<uint8_t>{0, 1}) && (calls[0].slots == std::vector<int>{0, 1}));
+    CHECK((calls[0].table == std::vector<int32_t>{1, 2, 3, 4, -1, -1}));
+    CHECK((calls[1].ids == std::vector<int64_t>{5, 6, 7, 8, 0, 0, 0, 0}));
+    CHECK((calls[1].starts == std::vector<int32_t>{4, 0}) && (calls[1].counts == std::vector<int32_t>{4, 0}));
+    CHECK((calls[1].slots == std::vector<int>{0, -1}) && (calls[1].sampled == std::vector<uint8_t>{0, 0}));
+    CHECK((calls[1].table == std::vector<int32_t>{1, 2, 3, -1, -1, -1}));
+    CHECK(calls[2].length == 3 && (calls[2].ids == std::vector<int64_t>{9, 10, 11, 0, 0, 0}));
+    CHECK((calls[2].starts == std::vector<int32_t>{8, 0}) && (calls[2].counts == std::vector<int32_t>{3, 0}));
+    CHECK((calls[2].sampled == std::vector<uint8_t>{1, 0}));
+    scheduler.commit(calls[0], {90, 91});  // row 0's token is no choice yet: its prompt goes on
+    CHECK(scheduler.cached(0) == 4 && scheduler.next(0) == -1 && scheduler.cached(1) == 3 && scheduler.next(1) == 91);
+    dsa::CallInputs const between = scheduler.decodeCall();  // slot 0 is still in its prefill: not decoded
+    CHECK((between.slots == std::vector<int>{-1, 1}) && (between.counts == std::vector<int32_t>{0, 1}));
+    scheduler.commit(calls[1], {92, 93});
+    scheduler.commit(calls[2], {94, 95});
+    CHECK(scheduler.cached(0) == 11 && scheduler.next(0) == 94 && scheduler.next(1) == 91);
+    // Without a chunk the prefill profile's 8 tokens are the chunk; prompts that fit take one call.
+    dsa::Scheduler other(smallLimits());
+    std::vector<dsa::CallInputs> const two = other.admit(std::vector<int64_t>(12, 1), {12});
+    CHECK(two.size() == 2 && two[0].length == 8 && two[1].length == 4 && two[1].starts[0] == 8);
+    CHECK(other.admit({1, 2}, {2}).size() == 1);
+    CHECK(other.admit({1}, {1}, 100).front().length == 1);  // a chunk above the profile's is the profile's
 }
 
 void testDecodeBatches()
@@ -169,7 +208,8 @@ void testArgumentChecksChangeNothing()
     THROWS(std::invalid_argument, scheduler.admit({1}, {1, 0}), "prompt 1 is empty");
     THROWS(std::invalid_argument, scheduler.admit({1, 2}, {3}), "ids holds 2 tokens but lengths add up to 3");
     THROWS(std::invalid_argument, scheduler.admit({1, 2, 3}, {1, 1, 1}), "takes at most 2");
-    THROWS(std::invalid_argument, scheduler.admit(std::vector<int64_t>(9, 1), {9}), "prompt 0 has 9 tokens");
+    THROWS(std::invalid_argument, scheduler.admit(std::vector<int64_t>(13, 1), {13}), "prompt 0 has 13 tokens; a sequence may hold at most 12");
+    THROWS(std::invalid_argument, scheduler.admit({1}, {1}, -1), "the prefill chunk must be 0");
     THROWS(std::invalid_argument, scheduler.admit({1, 100}, {2}), "token id 100 (position 1 of ids)");
     THROWS(std::invalid_argument, scheduler.admit({-1}, {1}), "outside the vocabulary [0, 100)");
     THROWS(std::invalid_argument, scheduler.release(0), "slot 0 holds no sequence");
@@ -186,7 +226,7 @@ void testFullPoolsAndFullSequences()
     dsa::SchedulerLimits limits = smallLimits();
     limits.pages = 4;  // 3 pages to hand out
     dsa::Scheduler scheduler(limits);
-    dsa::CallInputs const first = scheduler.admit(std::vector<int64_t>(8, 1), {8});  // 2 pages
+    dsa::CallInputs const first = scheduler.admit(std::vector<int64_t>(8, 1), {8}).front();  // 2 pages
     scheduler.commit(first, {7});
     THROWS(dsa::UserError, scheduler.admit(std::vector<int64_t>(5, 1), {5}), "1 are free, fewer than the 2 needed");
     CHECK(scheduler.liveSlots().size() == 1 && scheduler.pages().pagesInUse() == 2);
@@ -201,7 +241,7 @@ void testFullPoolsAndFullSequences()
     THROWS(dsa::UserError, scheduler.decodeCall(), "slot 0 holds 12 tokens, the most a sequence may hold here");
     scheduler.release(0);
     CHECK(scheduler.pages().available() == 3);
-    dsa::CallInputs const failed = scheduler.admit({3}, {1});  // abandon: a prefill that failed on the GPU
+    dsa::CallInputs const failed = scheduler.admit({3}, {1}).front();  // abandon: a prefill that failed on the GPU
     CHECK(scheduler.live(0) && scheduler.pages().available() == 2);
     scheduler.abandon(failed);
     CHECK(!scheduler.live(0) && scheduler.pages().pages(0).empty() && scheduler.pages().available() == 3);
@@ -295,7 +335,7 @@ void testReadsAPagedBuild(std::string const& folder)
     dsa::SchedulerLimits const limits = dsa::pagedLimits(plan, dsa::PagedRequest{2, 0, 0});
     CHECK(limits.slots == 2 && limits.page == 64 && limits.maxTokens == 256 && limits.pages == 9);
     dsa::Scheduler scheduler(limits);
-    dsa::CallInputs const call = scheduler.admit(std::vector<int64_t>(70, 3), {70});
+    dsa::CallInputs const call = scheduler.admit(std::vector<int64_t>(70, 3), {70}).front();
     CHECK((call.table == std::vector<int32_t>{1, 2}));
 }
 
@@ -373,6 +413,7 @@ int main(int argc, char** argv)
         {"pages limit", testPagesLimit},
         {"admit builds the prefill call", testAdmitBuildsThePrefillCall},
         {"decode calls grow pages and batches", testDecodeCallsGrowPagesAndBatches},
+        {"long prompts are prefilled in chunks", testLongPromptsArePrefilledInChunks},
         {"decode batches", testDecodeBatches},
         {"argument checks change nothing", testArgumentChecksChangeNothing},
         {"full pools and full sequences", testFullPoolsAndFullSequences},

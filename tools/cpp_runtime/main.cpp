@@ -2,7 +2,7 @@
 //
 //   dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...]
 //               [--iterations N] [--device GPU]
-//               [--generate N [--temperature T] [--top-p P] [--seed S] [--kernels LIB]]
+//               [--generate N [--temperature T] [--top-p P] [--seed S] [--kernels LIB] [--prefill-chunk N]]
 //
 // PATH is one build (a build folder, its manifest.json, or the engine file beside it) or a
 // pipeline of stages (pipeline.json, or the folder holding it, whose stages are build folders).
@@ -46,7 +46,7 @@ namespace
 
 char const* const kUsage = "usage: dsa_runtime PATH [--plugins LIB] [--dim NAME=SIZE ...] [--input NAME=FILE ...] "
                            "[--iterations N] [--device GPU] [--generate N [--temperature T] [--top-p P] [--seed S] "
-                           "[--kernels LIB]]";
+                           "[--kernels LIB] [--prefill-chunk N]]";
 
 float toFloat(std::string const& arg, std::string const& value)
 {
@@ -138,6 +138,14 @@ dsa::RunOptions parseArgs(int argc, char** argv)
         else if (arg == "--kernels")
         {
             options.kernels = next();
+        }
+        else if (arg == "--prefill-chunk")
+        {
+            options.prefillChunk = toInt(arg, next());
+            if (options.prefillChunk < 1)
+            {
+                throw std::invalid_argument("--prefill-chunk takes the prompt tokens per prefill call, at least 1");
+            }
         }
         else if (arg == "--help" || arg == "-h")
         {

@@ -25,6 +25,7 @@ struct RunOptions
     float temperature{0.F};  //!< --temperature (with --generate): 0 greedy, else sampled on the device
     float topP{1.F};      //!< --top-p (with --generate)
     uint64_t seed{0};     //!< --seed (with --generate): row b's sequence draws with seed + b
+    int prefillChunk{0};  //!< --prefill-chunk (with --generate): prompt tokens per prefill call (0: the profile's max)
 };
 
 //! Open every stage, run the plan ``iterations`` times, print timings and the outputs of the last

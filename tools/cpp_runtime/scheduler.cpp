@@ -138,8 +138,6 @@ void Scheduler::checkPrompts(std::vector<int64_t> const& ids, std::vector<int64_
     for (size_t i = 0; i < n; ++i)
     {
         argument(lengths[i] >= 1, "prompt " + str(int64_t(i)) + " is empty; every prompt needs at least one token.");
-        argument(lengths[i] <= mLimits.maxPrompt, "prompt " + str(int64_t(i)) + " has " + str(lengths[i])
-            + " tokens; the prefill profile of this build takes at most " + str(mLimits.maxPrompt) + ".");
         argument(lengths[i] <= mLimits.maxTokens, "prompt " + str(int64_t(i)) + " has " + str(lengths[i])
             + " tokens; a sequence may hold at most " + str(mLimits.maxTokens) + ".");
     }
@@ -164,6 +162,7 @@ CallInputs Scheduler::emptyCall(bool prefill, int64_t batch, int64_t length, int
     call.counts.assign(static_cast<size_t>(batch), 0);
     call.table.assign(static_cast<size_t>(batch * width), -1);
     call.slots.assign(static_cast<size_t>(batch), -1);
+    call.sampled.assign(static_cast<size_t>(batch), 0);
     return call;
 }
 
@@ -174,9 +173,13 @@ void Scheduler::fillRow(CallInputs& call, int64_t row, int slot) const
     call.slots[static_cast<size_t>(row)] = slot;
 }
 
-CallInputs Scheduler::admit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+std::vector<CallInputs> Scheduler::admit(
+    std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths, int64_t chunk)
 {
     checkPrompts(ids, lengths);
+    argument(chunk >= 0, "the prefill chunk must be 0 (the prefill profile's " + str(mLimits.maxPrompt)
+        + " tokens) or more tokens; got " + str(chunk) + ".");
+    chunk = chunk == 0 ? mLimits.maxPrompt : std::min(chunk, mLimits.maxPrompt);
     int64_t needed = 0;
     std::vector<int> chosen;
     for (int s = 0; s < mLimits.slots && chosen.size() < lengths.size(); ++s)
@@ -188,25 +191,40 @@ CallInputs Scheduler::admit(std::vector<int64_t> const& ids, std::vector<int64_t
         }
     }
     mPages.checkAvailable(needed);
-    int64_t const length = *std::max_element(lengths.begin(), lengths.end());
+    int64_t const longest = *std::max_element(lengths.begin(), lengths.end());
     int64_t width = 1;
+    std::vector<int64_t> offsets;  // each prompt's first id in ``ids``
+    int64_t offset = 0;
     for (size_t i = 0; i < chosen.size(); ++i)
     {
         mPages.ensure(chosen[i], lengths[i]);
         mSlots[static_cast<size_t>(chosen[i])] = Slot{true, 0, -1};
         width = std::max<int64_t>(width, static_cast<int64_t>(mPages.pages(chosen[i]).size()));
-    }
-    CallInputs call = emptyCall(true, static_cast<int64_t>(lengths.size()), length, width);
-    int64_t offset = 0;
-    for (size_t i = 0; i < chosen.size(); ++i)
-    {
-        std::copy(ids.begin() + offset, ids.begin() + offset + lengths[i],
-            call.ids.begin() + static_cast<int64_t>(i) * length);
+        offsets.push_back(offset);
         offset += lengths[i];
-        call.counts[i] = static_cast<int32_t>(lengths[i]);
-        fillRow(call, static_cast<int64_t>(i), chosen[i]);
     }
-    return call;
+    std::vector<CallInputs> calls;
+    for (int64_t first = 0; first < longest; first += chunk)
+    {
+        int64_t const length = std::min(chunk, longest - first);
+        CallInputs call = emptyCall(true, static_cast<int64_t>(lengths.size()), length, width);
+        for (size_t i = 0; i < chosen.size(); ++i)
+        {
+            int64_t const count = std::min(length, lengths[i] - first);
+            if (count <= 0)
+            {
+                continue;  // this prompt is in the caches already: an idle row
+            }
+            auto const from = ids.begin() + offsets[i] + first;
+            std::copy(from, from + count, call.ids.begin() + static_cast<int64_t>(i) * length);
+            call.starts[i] = static_cast<int32_t>(first);
+            call.counts[i] = static_cast<int32_t>(count);
+            call.sampled[i] = first + count == lengths[i] ? 1 : 0;
+            fillRow(call, static_cast<int64_t>(i), chosen[i]);
+        }
+        calls.push_back(std::move(call));
+    }
+    return calls;
 }
 
 std::vector<int64_t> Scheduler::decodeBatches() const
@@ -252,6 +270,7 @@ CallInputs Scheduler::decodeCall()
             call.ids[static_cast<size_t>(s)] = slot.next;
             call.starts[static_cast<size_t>(s)] = static_cast<int32_t>(slot.cached);
             call.counts[static_cast<size_t>(s)] = 1;
+            call.sampled[static_cast<size_t>(s)] = 1;
             fillRow(call, s, s);
         }
     }
@@ -267,7 +286,10 @@ void Scheduler::commit(CallInputs const& call, std::vector<int64_t> const& chose
         if (s >= 0 && mSlots[static_cast<size_t>(s)].live)
         {
             mSlots[static_cast<size_t>(s)].cached += call.counts[row];
-            mSlots[static_cast<size_t>(s)].next = chosen[row];
+            if (call.sampled[row] != 0)
+            {
+                mSlots[static_cast<size_t>(s)].next = chosen[row];
+            }
         }
     }
 }

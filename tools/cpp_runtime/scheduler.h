@@ -67,7 +67,7 @@ struct SchedulerLimits
     int64_t page{64};      //!< tokens per cache page
     int64_t pages{0};      //!< pages per pool, the scratch page included (0: no limit)
     int64_t maxTokens{64}; //!< tokens per sequence, prompt and generated ones
-    int64_t maxPrompt{64}; //!< tokens of one prompt (the prefill profile's sequence max)
+    int64_t maxPrompt{64}; //!< tokens per row of one prefill call (the prefill profile's sequence max); longer prompts go in chunks
     int prefillBatch{1};   //!< prompts of one prefill call
     int64_t vocab{-1};     //!< token ids lie in [0, vocab) (-1: not checked)
 
@@ -87,6 +87,7 @@ struct CallInputs
     std::vector<int32_t> counts;  //!< query_lengths [batch]: 0 for an idle row
     std::vector<int32_t> table;   //!< block_table [batch, width], -1 after a row's pages
     std::vector<int> slots;       //!< each row's slot, -1 for an idle row
+    std::vector<uint8_t> sampled; //!< 1: the call chooses the row's next token (a decode row, a prompt's last chunk)
 };
 
 //! Slots, pages and the calls of a paged build. Argument errors are std::invalid_argument, a full
@@ -99,18 +100,25 @@ public:
     SchedulerLimits const& limits() const { return mLimits; }
 
     //! Admit prompt i (``lengths[i]`` ids of ``ids``, in order) into the lowest free slots with the
-    //! pages they need; returns the prefill call (row i: prompt i, ``slots[i]`` its slot).
-    CallInputs admit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
+    //! pages of the whole prompt; returns the prefill calls to run in order (row i: prompt i,
+    //! ``slots[i]`` its slot). A prompt longer than ``chunk`` tokens (0 or more than maxPrompt:
+    //! maxPrompt) is fed in chunks, call c holding tokens c*chunk .. c*chunk+chunk-1 of every prompt
+    //! that long (the other rows idle); the call with a prompt's last token chooses its first
+    //! generated one (CallInputs::sampled). A prompt may hold up to maxTokens tokens.
+    std::vector<CallInputs> admit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+        int64_t chunk = 0);
 
     //! One token per sequence with a next token; the rows are slots 0 .. batch-1, batch the
     //! smallest of decodeBatches() holding the highest such slot (other rows idle). Takes the pages
     //! the new tokens need.
     CallInputs decodeCall();
 
-    //! ``call`` ran: its rows' tokens are in the caches and ``chosen[row]`` is the row's next token.
+    //! ``call`` ran: its rows' tokens are in the caches and ``chosen[row]`` is the next token of
+    //! each row the call samples (the others keep none until their last chunk).
     void commit(CallInputs const& call, std::vector<int64_t> const& chosen);
 
-    //! ``call`` (an admit) failed: its slots and pages are handed back.
+    //! ``call`` (an admit's first call, which holds every admitted slot) failed, or a later chunk
+    //! did: its slots and pages are handed back.
     void abandon(CallInputs const& call);
 
     //! End the sequence in ``slot`` and hand its pages back.

@@ -47,6 +47,7 @@ struct RuntimeOptions
     bool cudaGraphs{true};     //!< replay each decode step from a CUDA graph
     bool keepLogits{false};    //!< keep each sequence's last logits for logits() (copied to the host)
     std::string kernels;       //!< libdsa_kernels.so, the device sampler (else $DSA_EXPORT_KERNELS_LIB, else beside the plugin library)
+    int64_t prefillChunk{0};   //!< tokens per prompt and prefill call (0: the prefill profile's sequence max); longer prompts go in chunks
 };
 
 //! How a sequence chooses its tokens (dsa_export.runtime.generate.SamplingSettings' rules).
@@ -66,7 +67,7 @@ struct RuntimeInfo
     int64_t page{0};           //!< tokens per cache page
     int64_t pages{0};          //!< pages per pool, scratch included
     int64_t maxTokens{0};      //!< tokens per sequence
-    int64_t maxPrompt{0};      //!< tokens per prompt
+    int64_t maxPrompt{0};      //!< tokens per prompt in one prefill call (longer prompts, up to maxTokens, go in chunks)
     int64_t vocab{-1};         //!< logits per token (-1: not recorded in the manifest)
     std::vector<std::string> notes;  //!< one line per stage and pool: GPU, bytes, in place or swapped
 };
@@ -84,7 +85,10 @@ public:
     Runtime& operator=(Runtime const&) = delete;
 
     //! Admit prompts (prompt i: ``lengths[i]`` ids of ``ids``, in order) into free slots, run their
-    //! prefill and pick each one's first token; returns prompt i's slot at index i.
+    //! prefill and pick each one's first token; returns prompt i's slot at index i. A prompt longer
+    //! than one prefill call takes (RuntimeOptions::prefillChunk, at most RuntimeInfo::maxPrompt) is
+    //! fed in chunks, each chunk's tokens written to the caches before the next reads them; all of
+    //! a prompt's pages are taken first, so a refused or failed call leaves nothing behind.
     std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
 
     //! The same, prompt i choosing its tokens with ``sampling[i]`` (one per prompt, or empty: greedy).
