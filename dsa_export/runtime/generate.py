@@ -40,7 +40,8 @@ class SamplingSettings:
         pad_token_id: what an ended sequence gets; default the first end-of-sequence id.
         micro_batches: parts the batch is split into, so that pipeline stages overlap.
         prefill_chunk: prompt tokens per row and call (paged graphs; None: the whole prompt in one
-            call). Smaller chunks bound the prefill's working memory.
+            call, or in calls of the most tokens the build's prefill profile takes when the prompt
+            is longer). Smaller chunks bound the prefill's working memory.
     """
 
     max_new_tokens: int = 32
@@ -196,6 +197,14 @@ class _Picker:
         return chosen, bool(self.eos.size and self.finished.all())
 
 
+def _call_limit(model) -> int | None:
+    """The most tokens per row one call of every stage takes (the profiles' ``sequence`` max);
+    None when nothing bounds it."""
+    describe = getattr(model, "describe", None)
+    limits = [d["call_limit"] for d in describe() if d.get("call_limit") is not None] if callable(describe) else []
+    return min(limits) if limits else None
+
+
 def _room(model, longest: int, steps: int, notes: list[str]) -> int:
     """The steps the build's sequence limit leaves for prompts of up to ``longest`` tokens."""
     limit = model.sequence_limit()
@@ -287,6 +296,9 @@ def _generate_paged(model, rows: list[np.ndarray], settings: SamplingSettings,
     try:
         # Prefill, whole or in chunks: each row's logits come from the call holding its last token.
         chunk = settings.prefill_chunk or int(lengths.max())
+        call_limit = _call_limit(model)  # a build's prefill profile may take fewer tokens than a sequence holds
+        if call_limit is not None:
+            chunk = min(chunk, call_limit)
         last = np.zeros((batch, 0), dtype=np.float32)
         began = time.perf_counter()
         while (cached < lengths).any():

@@ -102,6 +102,34 @@ def test_a_ragged_batch_gets_each_prompts_transformers_tokens(checkpoints, paged
         model.close()
 
 
+def test_prompts_longer_than_a_call_of_the_build_are_prefilled_in_chunks(paged_exports):
+    """A build whose prefill profile takes fewer tokens per row than a prompt holds (``--max-shapes
+    sequence=16``, or the C++ runtime's chunks): generate feeds the prompt in calls of that many
+    tokens, with the tokens of one whole-prompt call."""
+    model = _open(paged_exports["deepseek_v32"])
+    try:
+        want = generate(model, _prompts(), SamplingSettings(max_new_tokens=NEW)).tokens.tolist()
+        described = model.describe()
+        widths: list[int] = []
+        forward = model.forward
+
+        def recorded(feeds, slot, micro):
+            widths.append(feeds["input_ids"].shape[1])
+            return forward(feeds, slot, micro)
+
+        with mock.patch.object(model, "describe", lambda: [dict(d, call_limit=16) for d in described]), \
+                mock.patch.object(model, "forward", recorded):
+            got = generate(model, _prompts(), SamplingSettings(max_new_tokens=NEW))
+            assert got.tokens.tolist() == want
+            assert widths[:6] == [16, 16, 16, 16, 6, 1]  # 70 tokens: 4 calls of 16, one of 6, then decode
+            assert max(widths) == 16
+            widths.clear()
+            generate(model, _prompts(), SamplingSettings(max_new_tokens=2, prefill_chunk=40))
+            assert widths == [16, 16, 16, 16, 6, 1]  # a chunk above the build's limit is the limit
+    finally:
+        model.close()
+
+
 def test_the_paged_graph_returns_last_token_logits_and_validates(paged_exports):
     import onnx
 
