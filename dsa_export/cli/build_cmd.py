@@ -62,13 +62,17 @@ from dsa_export.cli.options import (
               help="With --graph paged: what the cache pools store (auto: the graph's dtype; fp8: FP8 values with "
                    "float32 scales; see `dsa-export export --help`); fp8 builds need --backend onnxruntime until TensorRT "
                    "gets the FP8 cache plugin.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --stages and a paged graph: the most prompt tokens per row one prefill call takes (the "
+                   "prefill profile's sequence max; default --max-seq). The engines' activations are sized for N "
+                   "tokens, and generate, serve and the C++ runtime feed longer prompts in chunks of N.")
 @json_options
 def command(model: str | None, output: Path, precision: str | None, backend: str, min_shapes: str | None,
             opt_shapes: str | None, max_shapes: str | None, plugin_library: Path | None, timing_cache: Path | None,
             version_compatible: bool, hardware_compatibility: str, optimization_level: int,
             rtx_targets: tuple[str, ...], calibration_data: str | None, skip_checks: bool, no_validate: bool,
             force: bool, device: int, stage_plan: StagePlanOptions, ray_address: str | None, graph: str | None,
-            kv_cache_dtype: str, as_json: bool, json_out: Path | None) -> None:
+            kv_cache_dtype: str, prefill_chunk: int | None, as_json: bool, json_out: Path | None) -> None:
     """Build MODEL (default: the built-in demo) into engines, an ONNX Runtime artifact and a manifest.
 
     MODEL is what `dsa-export export` takes, or an exported .onnx (the export step is then skipped;
@@ -96,11 +100,15 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
     if not staged and any(v is not None for v in (stage_plan.gpu_memory, stage_plan.gpus, stage_plan.devices,
                                                   ray_address, graph)):
         raise click.UsageError("--gpu-memory, --gpus, --devices, --ray and --graph apply to stage builds; add --stages.")
+    if prefill_chunk is not None and not staged:
+        raise click.UsageError("--prefill-chunk applies to stage builds of paged graphs (a single build takes its "
+                               "prefill length from --max-shapes sequence=N); add --stages N --graph paged.")
     from dsa_export.hf.model import check_kv_cache
 
     kv_cache = check_kv_cache(kv_cache_dtype, graph, fix="add --stages N --graph paged")
     if staged:
-        _build_stages(model, output, settings, stage_plan, ray_address, graph, kv_cache, as_json, json_out)
+        _build_stages(model, output, settings, stage_plan, ray_address, graph, kv_cache, as_json, json_out,
+                      prefill_chunk)
         return
     # SIGINT and SIGTERM are taken by the CLI's main thread (dsa_export.interrupts): no partial OUTPUT.
     result = build(settings, log=lambda line: click.echo(line, file=user_stderr()))
@@ -110,7 +118,7 @@ def command(model: str | None, output: Path, precision: str | None, backend: str
 
 
 def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_address, graph, kv_cache, as_json,
-                  json_out) -> None:
+                  json_out, prefill_chunk: int | None = None) -> None:
     import time
 
     from dsa_export.quiet import user_stderr
@@ -135,7 +143,7 @@ def _build_stages(model, output, settings, stage_plan: StagePlanOptions, ray_add
     pipeline, outcomes, report = build_stages(
         model, output, settings, stages=count, gpu_memory=stage_plan.gpu_memory, gpus=stage_plan.gpus,
         max_batch=stage_plan.max_batch, max_seq=stage_plan.max_seq, devices=device_list, ray=ray_address, dtype=dtype,
-        graph=graph or "decode", kv_cache=kv_cache,
+        graph=graph or "decode", kv_cache=kv_cache, prefill_chunk=prefill_chunk,
         say=lambda line: click.echo(line, file=user_stderr()))
     seconds = time.perf_counter() - began
     say(stage_build_table(outcomes) + f"\nBuilt {len(outcomes)} stages into {output} in {seconds:.1f} s; see "

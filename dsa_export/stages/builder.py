@@ -80,18 +80,25 @@ def decode_profiles(max_batch: int, max_seq: int, opt_seq: int | None = None) ->
     return prefill, decode
 
 
-def paged_profiles(max_batch: int, max_seq: int, page: int, opt_seq: int | None = None) -> tuple[Dims, Dims]:
+def paged_profiles(max_batch: int, max_seq: int, page: int, opt_seq: int | None = None,
+                   prefill_chunk: int | None = None) -> tuple[Dims, Dims]:
     """(prefill, decode) min/opt/max of a paged graph's dims (batch, sequence, max_pages, pages):
     a block table of up to ``max_seq / page`` pages per row, and pools of up to twice the pages
-    ``max_batch`` full sequences need (the stage's pools grow by doubling), plus the scratch page."""
+    ``max_batch`` full sequences need (the stage's pools grow by doubling), plus the scratch page.
+    ``prefill_chunk``: the prefill profile's sequence max (default ``max_seq``); longer prompts are
+    fed in chunks of it, each reading the caches the earlier ones wrote."""
     if max_seq < 2:
         raise DSAUsageError(f"--max-seq must be at least 2 (a prompt and one generated token); got {max_seq}.")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise DSAUsageError(f"--prefill-chunk must be at least 1; got {prefill_chunk}.")
     opt = min(opt_seq or 128, max_seq - 1)
+    longest = min(prefill_chunk or max_seq, max_seq)
     blocks = -(-max_seq // page)
     opt_blocks = -(-opt // page)
     batch = (1, 1, max_batch)
     pages = (2, 1 + opt_blocks, 2 * (1 + max_batch * blocks))
-    prefill = {"batch": batch, "sequence": (1, opt, max_seq), "max_pages": (1, opt_blocks, blocks), "pages": pages}
+    prefill = {"batch": batch, "sequence": (1, min(opt, longest), longest), "max_pages": (1, opt_blocks, blocks),
+               "pages": pages}
     decode = {"batch": batch, "sequence": (1, 1, 1), "max_pages": (1, opt_blocks, blocks), "pages": pages}
     return prefill, decode
 
@@ -164,7 +171,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                  gpu_memory: str | int | None = None, gpus: int | None = None, max_batch: int = 1,
                  max_seq: int = DEFAULT_MAX_SEQ,
                  devices: Sequence[int] | None = None, ray: str | None = None, dtype: str | None = None,
-                 graph: str = "decode", kv_cache: str = "", say: Callable[[str], None] = print
+                 graph: str = "decode", kv_cache: str = "", prefill_chunk: int | None = None,
+                 say: Callable[[str], None] = print
                  ) -> tuple[Pipeline, list[StageBuildOutcome], PipelineReport | None]:
     """Export (from an HF directory, ``graph`` decode or paged) and build every stage of ``model``
     into ``output``. An int8/fp8 build also returns its whole-pipeline accuracy report
@@ -180,6 +188,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         raise DSAUsageError(f"-o '{output}' is a file; -o takes a folder to build the stages into.")
     if output.is_dir() and any(output.iterdir()) and not (output / PIPELINE_NAME).is_file() and not settings.force:
         raise DSAUserError(f"{output} exists, is not empty and holds no stage build; choose another -o or pass --force.")
+    if prefill_chunk is not None and (model / "config.json").is_file() and graph != "paged":
+        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
+                            "add --graph paged.")
     if (model / PIPELINE_NAME).is_file():
         if stages is not None:
             raise DSAUsageError(f"{model} is already cut into stages; drop --stages (or give the checkpoint directory).")
@@ -205,6 +216,9 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                            "(no config.json, no pipeline.json).")
     if any(spec.dtype == "uint8" and "_pool_" in spec.name for stage in exported.stages for spec in stage.inputs):
         _check_fp8_pool_backend(settings)
+    if prefill_chunk is not None and exported.graph != "paged":
+        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
+                            "build with --graph paged.")
     if exported.graph not in ("decode", "paged"):
         raise DSAUserError(f"the stages in {export_folder} are {exported.graph} graphs; a stage build needs decode or "
                            "paged graphs (export them with --graph paged), so that generation can keep caches.")
@@ -221,7 +235,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
     if exported.graph == "paged":
         from dsa_export.runtime.paged import page_size
 
-        prefill, decode = paged_profiles(max_batch, max_seq, page_size(exported.stages[0].inputs))
+        prefill, decode = paged_profiles(max_batch, max_seq, page_size(exported.stages[0].inputs),
+                                         prefill_chunk=prefill_chunk)
     else:
         prefill, decode = decode_profiles(max_batch, max_seq)
     calibration: list[Path] | None = None

@@ -150,6 +150,7 @@ CASES: list[tuple[str, int, str]] = [
     # build as stages
     ("build {w}/foreign --stages 2 -o {w}/out/st", 1, "neither a Hugging Face checkpoint"),
     ("build {w}/model.onnx --gpus 2 -o {w}/out/b", 2, "apply to stage builds"),
+    ("build {w}/model.onnx --prefill-chunk 8 -o {w}/out/b", 2, "applies to stage builds of paged graphs"),
     ("build {w}/foreign --stages x -o {w}/out/st", 2, "neither auto nor a stage count"),
     # generate
     ("generate {w}/model.onnx", 2, "--prompt TEXT, --prompt-file FILE or --input-ids"),

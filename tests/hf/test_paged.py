@@ -190,21 +190,22 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
     checkpoint = checkpoints["glm_moe_dsa"]
     out = tmp_path / "build"
     result = _cli("build", checkpoint, "--stages", 2, "--graph", "paged", "--max-batch", 4, "--max-seq", 128,
-                  "-o", out)
+                  "--prefill-chunk", 32, "-o", out)
     assert result.exit_code == 0, result.output
     pipeline = json.loads((out / "pipeline.json").read_text())
     assert pipeline["graph"] == "paged"
     assert all(stage["caches"] and all("_pool_" in c for c in stage["caches"]) for stage in pipeline["stages"])
     manifest = json.loads((out / "stage_00" / "manifest.json").read_text())
-    # Prefill (a prompt of up to 128 tokens) and decode (one token); pools of up to twice the
-    # pages 4 rows of 2 pages need, plus the scratch page.
+    # Prefill (32 prompt tokens per row and call: --prefill-chunk) and decode (one token), over
+    # sequences of up to 128 tokens; pools of up to twice the pages 4 rows of 2 pages need, plus
+    # the scratch page.
     profiles = manifest["profiles"]["all"]
-    assert [p["sequence"] for p in profiles] == [[1, 127, 128], [1, 1, 1]]
+    assert [p["sequence"] for p in profiles] == [[1, 32, 32], [1, 1, 1]]
     assert [p["max_pages"] for p in profiles] == [[1, 2, 2]] * 2 and [p["pages"] for p in profiles] == [[2, 3, 18]] * 2
     prompts = _prompts(seed=5)
     (tmp_path / "ids.json").write_text(json.dumps(prompts))
     result = _cli("generate", out, "--input-ids", tmp_path / "ids.json", "--max-new-tokens", NEW,
-                  "--prefill-chunk", 32, "--json")
+                  "--prefill-chunk", 16, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["tokens"] == _hf_greedy(checkpoint, prompts)
@@ -214,8 +215,8 @@ def test_a_stage_build_of_paged_stages_generates_a_ragged_batch(checkpoints, tmp
 
     model = PipelineSession.open(out)
     try:
-        with _file_reads() as opened:
-            again = generate(model, prompts, SamplingSettings(max_new_tokens=NEW, prefill_chunk=32))
+        with _file_reads() as opened:  # the 70-token prompt goes in calls of the build's 32 unasked
+            again = generate(model, prompts, SamplingSettings(max_new_tokens=NEW))
         assert again.tokens.tolist() == report["tokens"]
         assert opened == []
     finally:

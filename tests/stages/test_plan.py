@@ -420,3 +420,30 @@ def test_cli_too_few_stages_shows_the_table_then_fails(v32_dir, tmp_path):
     assert " NO" in result.stdout and "use --stages 5 (or --stages auto)" in result.stderr
     result = cli(tmp_path, "--gpu-memory", "141GiB")
     assert result.returncode == 1 and "neither a model directory" in result.stderr
+
+
+def test_paged_profiles_take_a_prefill_chunk():
+    """--prefill-chunk bounds the prefill profile's tokens per row and call, not the sequence."""
+    from dsa_export.stages.builder import paged_profiles
+
+    prefill, decode = paged_profiles(4, 1024, 64)
+    assert prefill["sequence"] == (1, 128, 1024) and prefill["max_pages"] == (1, 2, 16)
+    prefill, decode = paged_profiles(4, 1024, 64, prefill_chunk=96)
+    assert prefill["sequence"] == (1, 96, 96) and prefill["max_pages"] == (1, 2, 16)
+    assert decode["sequence"] == (1, 1, 1) and decode["max_pages"] == (1, 2, 16)
+    assert paged_profiles(4, 100, 64, prefill_chunk=4096)[0]["sequence"] == (1, 99, 100)  # never past --max-seq
+    with pytest.raises(DSAUsageError, match="at least 1"):
+        paged_profiles(4, 1024, 64, prefill_chunk=0)
+
+
+def test_a_prefill_chunk_needs_paged_stages(tmp_path):
+    """Refused before anything is exported: a decode graph's prefill takes the whole prompt."""
+    from dsa_export.artifact import BuildSettings
+    from dsa_export.stages.builder import build_stages
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    with pytest.raises(DSAUsageError, match="add --graph paged"):
+        build_stages(checkpoint, tmp_path / "out", BuildSettings(), stages=2, prefill_chunk=32)
+    assert not (tmp_path / "out").exists()
