@@ -1085,8 +1085,19 @@ void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, Coun
                 "DSASparseAttentionPaged output type follows q");
             check(build->configurePlugin(io.data(), 5, io.data() + 5, 1) == 0,
                 "DSASparseAttentionPaged configurePlugin takes a v_pool without pages (values from keys)");
-            (void) build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
-            check(true, "DSASparseAttentionPaged getWorkspaceSize answers without a GPU");
+            // Batch-4 decode at DeepSeek width on the 132-SM schedule: 8 CTAs split 8 ways (K / 256),
+            // float32 partials [8, 4, 128, 512] + log-sum-exps [8, 4, 128].
+            size_t const wsDecode = build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
+            check(wsDecode == size_t{8} * 4 * 128 * 512 * 4 + size_t{8} * 4 * 128 * 4,
+                "DSASparseAttentionPaged workspace of a batch-4 decode: 8 splits' partials ("
+                    + std::to_string(wsDecode) + " bytes, 8404992 expected)");
+            io[0].min.d[1] = 512;  // every call of this profile has 2048 rows or more: no call splits
+            io[0].max.d[1] = 512;
+            size_t const wsPrefill = build->getWorkspaceSize(io.data(), 5, io.data() + 5, 1);
+            io[0].min.d[1] = 1;
+            io[0].max.d[1] = 1;
+            check(wsPrefill == 0, "DSASparseAttentionPaged needs no workspace when no call of the profile splits ("
+                    + std::to_string(wsPrefill) + ")");
             std::vector<FakeDimExpr> qd(4);
             std::vector<FakeDimExpr> kd(4);
             std::vector<FakeDimExpr> vd(4);
