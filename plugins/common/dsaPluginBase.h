@@ -290,14 +290,36 @@ class DSAAttentionPlugin : public DSAPlugin<Derived, TableT>
 {
     using Base = DSAPlugin<Derived, TableT>;
 
+public:
+    //! createPlugin() of a plugin whose one attribute is ``scale`` (DSASparseAttention and its paged
+    //! form; one with more attributes declares its own).
+    static Derived* create(PluginFieldReader const& fields)
+    {
+        return new Derived(fields.getFloat(Base::attributeIndex("scale")));
+    }
+
 protected:
     explicit DSAAttentionPlugin(std::vector<AttributeValue> attributes)
         : Base(std::move(attributes))
     {
     }
+    //! A plugin whose one attribute is ``scale``, which must be finite.
+    explicit DSAAttentionPlugin(float scale)
+        : Base({finiteScale(scale)})
+    {
+    }
     DSAAttentionPlugin(DSAAttentionPlugin const& other) = default;
 
 private:
+    static float finiteScale(float scale)
+    {
+        if (!std::isfinite(scale))
+        {
+            throw PluginError(std::string(Base::kTABLE.name) + ": attribute 'scale' must be finite");
+        }
+        return scale;
+    }
+
     static constexpr int32_t kQ = Base::inputIndex("q");
     static constexpr int32_t kV = Base::inputIndex(Derived::kVALUE_INPUT);
 

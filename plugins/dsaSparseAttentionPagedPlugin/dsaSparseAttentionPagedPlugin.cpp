@@ -31,20 +31,6 @@ constexpr int32_t kSPLIT_SCHEDULE = -132;
 constexpr int64_t kMAX_SPLIT_ROWS = int64_t{1} << 16;
 } // namespace
 
-DSASparseAttentionPagedPlugin::DSASparseAttentionPagedPlugin(float scale)
-    : DSAAttentionPlugin({scale})
-{
-    if (!std::isfinite(scale))
-    {
-        throw PluginError("DSASparseAttentionPaged: attribute 'scale' must be finite");
-    }
-}
-
-DSASparseAttentionPagedPlugin* DSASparseAttentionPagedPlugin::create(PluginFieldReader const& fields)
-{
-    return new DSASparseAttentionPagedPlugin(fields.getFloat(kSCALE));
-}
-
 void DSASparseAttentionPagedPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
 {
     Dims const& q = dims[kIN_Q];

@@ -47,8 +47,10 @@ public:
         return pos == kTABLE.inputIndex("block_table");
     }
 
-    explicit DSASparseAttentionPagedPlugin(float scale);
-    static DSASparseAttentionPagedPlugin* create(PluginFieldReader const& fields);
+    explicit DSASparseAttentionPagedPlugin(float scale)
+        : DSAAttentionPlugin(scale)
+    {
+    }
 
     //! The split-KV decode's partial outputs: the most any row count of the profile needs on this
     //! GPU (decode-sized calls split each row's indices across CTAs; larger ones need nothing).

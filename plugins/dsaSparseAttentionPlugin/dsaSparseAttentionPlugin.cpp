@@ -27,20 +27,6 @@ bool valuesFromKeys(Dims const& k, Dims const& v)
 }
 } // namespace
 
-DSASparseAttentionPlugin::DSASparseAttentionPlugin(float scale)
-    : DSAAttentionPlugin({scale})
-{
-    if (!std::isfinite(scale))
-    {
-        throw PluginError("DSASparseAttention: attribute 'scale' must be finite");
-    }
-}
-
-DSASparseAttentionPlugin* DSASparseAttentionPlugin::create(PluginFieldReader const& fields)
-{
-    return new DSASparseAttentionPlugin(fields.getFloat(kSCALE));
-}
-
 void DSASparseAttentionPlugin::checkInputs(Dims const* dims, int32_t /*nbInputs*/)
 {
     Dims const& q = dims[kIN_Q];

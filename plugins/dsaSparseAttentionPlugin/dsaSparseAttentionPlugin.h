@@ -45,8 +45,10 @@ public:
         return false;
     }
 
-    explicit DSASparseAttentionPlugin(float scale);
-    static DSASparseAttentionPlugin* create(PluginFieldReader const& fields);
+    explicit DSASparseAttentionPlugin(float scale)
+        : DSAAttentionPlugin(scale)
+    {
+    }
 
 private:
     void checkInputs(nvinfer1::Dims const* dims, int32_t nbInputs) override;

@@ -21,8 +21,10 @@
 
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -469,6 +471,12 @@ int main(int argc, char** argv)
             }
             delete plugin;
         }
+        float nan = std::nanf("");
+        std::vector<PluginField> nanFields{{"scale", &nan, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fcNan{1, nanFields.data()};
+        int const errorsBefore = logger.errors;
+        check(sa->createPlugin("nan", &fcNan, TensorRTPhase::kBUILD) == nullptr && logger.errors > errorsBefore,
+            "DSASparseAttention createPlugin rejects a scale that is not finite with a logged error");
     }
 
     // ---- DSABlockSparseAttention ----
@@ -1057,6 +1065,11 @@ void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, Coun
         PluginFieldCollection fc{1, fields.data()};
         IPluginV3* plugin = sa->createPlugin("sap", &fc, TensorRTPhase::kBUILD);
         check(plugin != nullptr, "DSASparseAttentionPaged createPlugin");
+        float inf = std::numeric_limits<float>::infinity();
+        std::vector<PluginField> infFields{{"scale", &inf, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fcInf{1, infFields.data()};
+        check(sa->createPlugin("inf", &fcInf, TensorRTPhase::kBUILD) == nullptr,
+            "DSASparseAttentionPaged createPlugin rejects an infinite scale");
         if (plugin != nullptr)
         {
             auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
