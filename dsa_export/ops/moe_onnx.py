@@ -267,7 +267,7 @@ def _dense_condition(b: Body, n: str, k: str, e: str) -> str:
     """Scalar bool: take the dense path (see :func:`_dense_or_sort`).
 
     ``N <= DENSE_MAX_ROWS`` and ``E <= DENSE_EXPERT_FACTOR * N * K``, and float32 weights: ``1 +
-    2^-23`` survives a CastLike to x's type only in float32 (a constant ONNX Runtime folds), so
+    2^-23`` survives a CastLike to x's type only in float32 (two scalar nodes per call), so
     fp16/bf16 graphs keep the loop and never run the branch's MatMuls in their own precision.
     """
     few_rows = b("LessOrEqual", n, b.const(DENSE_MAX_ROWS))
@@ -334,7 +334,7 @@ def moe_experts_function(opset: int) -> FunctionProto:
 
     Two paths with one result: the expert loop (the general one), and for a few rows over
     float32 weights most of which the rows hit anyway (a decode step), every expert over every
-    row with the stacks read in place: no per-expert Gather copies and a tenth of the nodes.
+    row with the stacks read in place: no per-expert Gather copies and a sixth of the node runs.
     The loop's trip count is 0 when the dense path runs (TensorRT(-RTX) takes no Loop inside
     an If, so the Loop stays outside it).
     """
