@@ -507,6 +507,16 @@ C_CLIENT = r"""
 
 int main(int argc, char** argv)
 {
+    int64_t const ids[2] = {1, 2};
+    int64_t const lengths[1] = {2};
+    int slots[4];
+    int count = 0;
+    /* Every entry point refuses a null handle with -1 and a sentence. */
+    if (dsa_runtime_submit(NULL, ids, lengths, 1, slots) != -1 || dsa_runtime_step(NULL, slots, 4, &count) != -1
+        || strstr(dsa_runtime_error(NULL), "null") == NULL)
+    {
+        return 4;
+    }
     dsa_runtime* runtime = dsa_runtime_open(argc > 1 ? argv[1] : "", 0, NULL);
     if (runtime != NULL)
     {

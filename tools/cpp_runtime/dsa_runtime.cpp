@@ -62,39 +62,54 @@ public:
         mInfo.notes = mEngine.notes();
     }
 
+    std::vector<int> submit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+        std::vector<SamplingParams> const& sampling)
+    {
+        checkPromptSampling(lengths, sampling);
+        std::vector<int> const slots = mScheduler.enqueue(ids, lengths);
+        startSampling(slots, sampling);
+        return slots;
+    }
+
+    std::vector<int> step()
+    {
+        CallInputs const call = mScheduler.stepCall(mPrefillChunk);
+        try
+        {
+            mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
+        }
+        catch (...)
+        {
+            // The prompts this call fed are left half in the caches: their sequences end here.
+            for (size_t row = 0; call.prefill && row < call.slots.size(); ++row)
+            {
+                int const slot = call.slots[row];
+                if (slot >= 0 && mScheduler.next(slot) < 0)
+                {
+                    release(slot);
+                }
+            }
+            throw;
+        }
+        finish(call);
+        std::vector<int> slots;
+        for (size_t row = 0; row < call.slots.size(); ++row)
+        {
+            if (call.slots[row] >= 0 && call.sampled[row] != 0)
+            {
+                slots.push_back(call.slots[row]);
+            }
+        }
+        return slots;
+    }
+
     std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
         std::vector<SamplingParams> const& sampling)
     {
-        if (!sampling.empty() && sampling.size() != lengths.size())
-        {
-            throw std::invalid_argument("prefill takes one sampling setting per prompt (or none); got "
-                + std::to_string(sampling.size()) + " for " + std::to_string(lengths.size()) + " prompts.");
-        }
-        bool sampled = false;
-        for (SamplingParams const& params : sampling)
-        {
-            checkSampling(params.temperature, params.topP);
-            sampled = sampled || params.temperature > 0.F;
-        }
-        if (sampled && !mEngine.deviceSampling())
-        {
-            throw UserError("sampling (a temperature above 0) needs the device sampler of libdsa_kernels.so; pass its "
-                            "path (RuntimeOptions::kernels or $DSA_EXPORT_KERNELS_LIB) or build it with `dsa-export "
-                            "plugins build`.");
-        }
+        checkPromptSampling(lengths, sampling);
         std::vector<CallInputs> const calls = mScheduler.admit(ids, lengths, mPrefillChunk);
         CallInputs const& first = calls.front();  // every prompt has a row with tokens in the first call
-        for (size_t row = 0; row < first.slots.size(); ++row)
-        {
-            SlotSampling& slot = mSampling[first.slots[row]];
-            slot = SlotSampling();
-            if (!sampling.empty())
-            {
-                slot.temperature = sampling[row].temperature;
-                slot.topP = sampling[row].topP;
-                slot.seed = sampling[row].seed;
-            }
-        }
+        startSampling(first.slots, sampling);
         try
         {
             for (CallInputs const& call : calls)  // chunks of long prompts, in order
@@ -176,6 +191,44 @@ public:
     bool deviceSampling() const { return mEngine.deviceSampling(); }
 
 private:
+    //! One sampling setting per prompt (or none), each valid, and a device sampler for any temperature.
+    void checkPromptSampling(std::vector<int64_t> const& lengths, std::vector<SamplingParams> const& sampling) const
+    {
+        if (!sampling.empty() && sampling.size() != lengths.size())
+        {
+            throw std::invalid_argument("the prompts take one sampling setting each (or none); got "
+                + std::to_string(sampling.size()) + " for " + std::to_string(lengths.size()) + " prompts.");
+        }
+        bool sampled = false;
+        for (SamplingParams const& params : sampling)
+        {
+            checkSampling(params.temperature, params.topP);
+            sampled = sampled || params.temperature > 0.F;
+        }
+        if (sampled && !mEngine.deviceSampling())
+        {
+            throw UserError("sampling (a temperature above 0) needs the device sampler of libdsa_kernels.so; pass its "
+                            "path (RuntimeOptions::kernels or $DSA_EXPORT_KERNELS_LIB) or build it with `dsa-export "
+                            "plugins build`.");
+        }
+    }
+
+    //! Prompt i's settings (greedy when ``sampling`` is empty) go to ``slots[i]``, its draws from 0.
+    void startSampling(std::vector<int> const& slots, std::vector<SamplingParams> const& sampling)
+    {
+        for (size_t row = 0; row < slots.size(); ++row)
+        {
+            SlotSampling& slot = mSampling[slots[row]];
+            slot = SlotSampling();
+            if (!sampling.empty())
+            {
+                slot.temperature = sampling[row].temperature;
+                slot.topP = sampling[row].topP;
+                slot.seed = sampling[row].seed;
+            }
+        }
+    }
+
     //! The call ran: each sampled row's token (and logits, when kept) go to its slot, whose draws count on.
     void finish(CallInputs const& call)
     {
@@ -218,6 +271,17 @@ Runtime::Runtime(std::string const& path, RuntimeOptions const& options)
 Runtime::~Runtime() = default;
 Runtime::Runtime(Runtime&&) noexcept = default;
 Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+
+std::vector<int> Runtime::submit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+    std::vector<SamplingParams> const& sampling)
+{
+    return mImpl->submit(ids, lengths, sampling);
+}
+
+std::vector<int> Runtime::step()
+{
+    return mImpl->step();
+}
 
 std::vector<int> Runtime::prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
 {
@@ -349,21 +413,54 @@ void dsa_runtime_close(dsa_runtime* runtime)
     delete runtime;
 }
 
+namespace
+{
+//! ``count`` prompts of a C call as (ids, lengths); ``what`` names the function in the error.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> cPrompts(
+    char const* what, int64_t const* ids, int64_t const* lengths, int count, int const* slots)
+{
+    if (count < 0 || ids == nullptr || lengths == nullptr || slots == nullptr)
+    {
+        throw std::invalid_argument(std::string(what) + " needs ids, lengths, slots and a count of at least 0.");
+    }
+    std::vector<int64_t> sizes(lengths, lengths + count);
+    int64_t total = 0;
+    for (int64_t size : sizes)
+    {
+        total += size > 0 ? size : 0;
+    }
+    return {std::vector<int64_t>(ids, ids + total), std::move(sizes)};
+}
+} // namespace
+
 int dsa_runtime_prefill(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots)
 {
     return guarded(runtime, [&](dsa::Runtime& r) {
-        if (count < 0 || ids == nullptr || lengths == nullptr || slots == nullptr)
-        {
-            throw std::invalid_argument("dsa_runtime_prefill needs ids, lengths, slots and a count of at least 0.");
-        }
-        std::vector<int64_t> const sizes(lengths, lengths + count);
-        int64_t total = 0;
-        for (int64_t size : sizes)
-        {
-            total += size > 0 ? size : 0;
-        }
-        std::vector<int> const got = r.prefill(std::vector<int64_t>(ids, ids + total), sizes);
+        auto const [all, sizes] = cPrompts("dsa_runtime_prefill", ids, lengths, count, slots);
+        std::vector<int> const got = r.prefill(all, sizes);
         std::copy(got.begin(), got.end(), slots);
+    });
+}
+
+int dsa_runtime_submit(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        auto const [all, sizes] = cPrompts("dsa_runtime_submit", ids, lengths, count, slots);
+        std::vector<int> const got = r.submit(all, sizes);
+        std::copy(got.begin(), got.end(), slots);
+    });
+}
+
+int dsa_runtime_step(dsa_runtime* runtime, int* slots, int capacity, int* count)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) {
+        if (slots == nullptr || count == nullptr || capacity < r.info().slots)
+        {
+            throw std::invalid_argument("dsa_runtime_step needs room for every slot and a count.");
+        }
+        std::vector<int> const got = r.step();
+        std::copy(got.begin(), got.end(), slots);
+        *count = static_cast<int>(got.size());
     });
 }
 
@@ -371,16 +468,7 @@ int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_
     float const* temperature, float const* top_p, uint64_t const* seeds, int* slots)
 {
     return guarded(runtime, [&](dsa::Runtime& r) {
-        if (count < 0 || ids == nullptr || lengths == nullptr || slots == nullptr)
-        {
-            throw std::invalid_argument("dsa_runtime_prefill_sampled needs ids, lengths, slots and a count of at least 0.");
-        }
-        std::vector<int64_t> const sizes(lengths, lengths + count);
-        int64_t total = 0;
-        for (int64_t size : sizes)
-        {
-            total += size > 0 ? size : 0;
-        }
+        auto const [all, sizes] = cPrompts("dsa_runtime_prefill_sampled", ids, lengths, count, slots);
         std::vector<dsa::SamplingParams> sampling(static_cast<size_t>(count));
         for (int i = 0; i < count; ++i)
         {
@@ -388,7 +476,7 @@ int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_
             sampling[static_cast<size_t>(i)].topP = top_p != nullptr ? top_p[i] : 1.F;
             sampling[static_cast<size_t>(i)].seed = seeds != nullptr ? seeds[i] : 0;
         }
-        std::vector<int> const got = r.prefill(std::vector<int64_t>(ids, ids + total), sizes, sampling);
+        std::vector<int> const got = r.prefill(all, sizes, sampling);
         std::copy(got.begin(), got.end(), slots);
     });
 }

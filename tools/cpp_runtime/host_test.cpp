@@ -188,6 +188,42 @@ void testLongPromptsArePrefilledInChunks()
     CHECK(other.admit({1}, {1}, 100).front().length == 1);  // a chunk above the profile's is the profile's
 }
 
+void testStepsMixPromptChunksWithDecodeRows()
+{
+    dsa::SchedulerLimits limits = smallLimits();  // pages of 4, 12 tokens a sequence, 8 per prefill call
+    limits.prefillBatch = 3;
+    dsa::Scheduler scheduler(limits);
+    scheduler.commit(scheduler.admit({7, 8}, {2}).front(), {42});  // slot 0 decodes from token 42
+    std::vector<int> const slots = scheduler.enqueue({1, 2, 3, 4, 5, 6, 9, 10}, {6, 2});
+    CHECK((slots == std::vector<int>{1, 2}) && (scheduler.waitingSlots() == std::vector<int>{1, 2}));
+    CHECK(scheduler.pages().pages(1).size() == 2 && scheduler.pages().pages(2).size() == 1);  // taken at enqueue
+    dsa::CallInputs const first = scheduler.stepCall(4);
+    CHECK(first.prefill && first.batch == 3 && first.length == 4 && first.width == 3);
+    CHECK((first.ids == std::vector<int64_t>{42, 0, 0, 0, 1, 2, 3, 4, 9, 10, 0, 0}));
+    CHECK((first.starts == std::vector<int32_t>{2, 0, 0}) && (first.counts == std::vector<int32_t>{1, 4, 2}));
+    CHECK((first.sampled == std::vector<uint8_t>{1, 0, 1}) && (first.slots == std::vector<int>{0, 1, 2}));
+    scheduler.commit(first, {50, 51, 52});
+    CHECK(scheduler.next(0) == 50 && scheduler.cached(0) == 3);
+    CHECK(scheduler.next(1) == -1 && scheduler.cached(1) == 4 && (scheduler.waitingSlots() == std::vector<int>{1}));
+    CHECK(scheduler.next(2) == 52 && scheduler.cached(2) == 2);
+    dsa::CallInputs const second = scheduler.stepCall(4);  // slot 1's last 2 tokens, two decode rows
+    CHECK(second.prefill && second.length == 2 && (second.ids == std::vector<int64_t>{50, 0, 5, 6, 52, 0}));
+    CHECK((second.starts == std::vector<int32_t>{3, 4, 2}) && (second.counts == std::vector<int32_t>{1, 2, 1}));
+    CHECK((second.sampled == std::vector<uint8_t>{1, 1, 1}));
+    scheduler.commit(second, {60, 61, 62});
+    CHECK(scheduler.waitingSlots().empty() && scheduler.next(1) == 61 && scheduler.cached(1) == 6);
+    dsa::CallInputs const third = scheduler.stepCall(4);  // nothing waits: a decode-profile call
+    CHECK(!third.prefill && third.length == 1 && (third.ids == std::vector<int64_t>{60, 61, 62}));
+    scheduler.release(1);
+    CHECK(scheduler.waitingSlots().empty() && scheduler.freeSlots() == 1);
+    // A slot released while its prompt waits takes its waiting tokens with it.
+    std::vector<int> const again = scheduler.enqueue({3, 3, 3}, {3});
+    CHECK((again == std::vector<int>{1}) && (scheduler.waitingSlots() == std::vector<int>{1}));
+    scheduler.release(1);
+    CHECK(scheduler.waitingSlots().empty());
+    THROWS(std::invalid_argument, scheduler.stepCall(-1), "the prefill chunk must be 0");
+}
+
 void testDecodeBatches()
 {
     auto batches = [](int slots) {
@@ -414,6 +450,7 @@ int main(int argc, char** argv)
         {"admit builds the prefill call", testAdmitBuildsThePrefillCall},
         {"decode calls grow pages and batches", testDecodeCallsGrowPagesAndBatches},
         {"long prompts are prefilled in chunks", testLongPromptsArePrefilledInChunks},
+        {"steps mix prompt chunks with decode rows", testStepsMixPromptChunksWithDecodeRows},
         {"decode batches", testDecodeBatches},
         {"argument checks change nothing", testArgumentChecksChangeNothing},
         {"full pools and full sequences", testFullPoolsAndFullSequences},

@@ -173,13 +173,16 @@ void Scheduler::fillRow(CallInputs& call, int64_t row, int slot) const
     call.slots[static_cast<size_t>(row)] = slot;
 }
 
-std::vector<CallInputs> Scheduler::admit(
-    std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths, int64_t chunk)
+int64_t Scheduler::checkedChunk(int64_t chunk) const
 {
-    checkPrompts(ids, lengths);
     argument(chunk >= 0, "the prefill chunk must be 0 (the prefill profile's " + str(mLimits.maxPrompt)
         + " tokens) or more tokens; got " + str(chunk) + ".");
-    chunk = chunk == 0 ? mLimits.maxPrompt : std::min(chunk, mLimits.maxPrompt);
+    return chunk == 0 ? mLimits.maxPrompt : std::min(chunk, mLimits.maxPrompt);
+}
+
+std::vector<int> Scheduler::take(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+{
+    checkPrompts(ids, lengths);
     int64_t needed = 0;
     std::vector<int> chosen;
     for (int s = 0; s < mLimits.slots && chosen.size() < lengths.size(); ++s)
@@ -191,14 +194,119 @@ std::vector<CallInputs> Scheduler::admit(
         }
     }
     mPages.checkAvailable(needed);
+    for (size_t i = 0; i < chosen.size(); ++i)
+    {
+        mPages.ensure(chosen[i], lengths[i]);
+        mSlots[static_cast<size_t>(chosen[i])] = Slot{true, 0, -1, {}};
+    }
+    return chosen;
+}
+
+std::vector<int> Scheduler::enqueue(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths)
+{
+    std::vector<int> const chosen = take(ids, lengths);
+    int64_t offset = 0;
+    for (size_t i = 0; i < chosen.size(); ++i)
+    {
+        auto const from = ids.begin() + offset;
+        mSlots[static_cast<size_t>(chosen[i])].waiting.assign(from, from + lengths[i]);
+        offset += lengths[i];
+    }
+    return chosen;
+}
+
+std::vector<int> Scheduler::waitingSlots() const
+{
+    std::vector<int> slots;
+    for (int s = 0; s < mLimits.slots; ++s)
+    {
+        if (mSlots[static_cast<size_t>(s)].live && !mSlots[static_cast<size_t>(s)].waiting.empty())
+        {
+            slots.push_back(s);
+        }
+    }
+    return slots;
+}
+
+CallInputs Scheduler::stepCall(int64_t chunk)
+{
+    chunk = checkedChunk(chunk);
+    if (waitingSlots().empty())
+    {
+        return decodeCall();
+    }
+    int highest = -1;
+    int64_t needed = 0;
+    int64_t length = 1;
+    for (int s = 0; s < mLimits.slots; ++s)
+    {
+        Slot const& slot = mSlots[static_cast<size_t>(s)];
+        if (!slot.live)
+        {
+            continue;
+        }
+        if (!slot.waiting.empty())
+        {
+            length = std::max<int64_t>(length, std::min<int64_t>(chunk, static_cast<int64_t>(slot.waiting.size())));
+            highest = s;
+        }
+        else if (slot.next >= 0)
+        {
+            if (slot.cached + 1 > mLimits.maxTokens)
+            {
+                throw UserError("the sequence in slot " + str(s) + " holds " + str(slot.cached) + " tokens, the most "
+                    "a sequence may hold here; release it before the next step.");
+            }
+            needed += mPages.missing(s, slot.cached + 1);
+            highest = s;
+        }
+    }
+    mPages.checkAvailable(needed);
+    if (highest + 1 > mLimits.prefillBatch)
+    {
+        throw UserError("a step over slots 0 .. " + str(highest) + " has more rows than the prefill profile's batch of "
+            + str(mLimits.prefillBatch) + "; open the runtime with at most that many slots.");
+    }
+    CallInputs call = emptyCall(true, int64_t{highest} + 1, length, mLimits.width());
+    for (int s = 0; s <= highest; ++s)
+    {
+        Slot const& slot = mSlots[static_cast<size_t>(s)];
+        size_t const row = static_cast<size_t>(s);
+        if (slot.live && !slot.waiting.empty())
+        {
+            int64_t const count = std::min<int64_t>(chunk, static_cast<int64_t>(slot.waiting.size()));
+            std::copy(slot.waiting.begin(), slot.waiting.begin() + count, call.ids.begin() + int64_t{s} * length);
+            call.counts[row] = static_cast<int32_t>(count);
+            call.sampled[row] = count == static_cast<int64_t>(slot.waiting.size()) ? 1 : 0;
+        }
+        else if (slot.live && slot.next >= 0)
+        {
+            mPages.ensure(s, slot.cached + 1);
+            call.ids[static_cast<size_t>(int64_t{s} * length)] = slot.next;
+            call.counts[row] = 1;
+            call.sampled[row] = 1;
+        }
+        else
+        {
+            continue;  // an idle row
+        }
+        call.starts[row] = static_cast<int32_t>(slot.cached);
+        fillRow(call, s, s);
+    }
+    return call;
+}
+
+std::vector<CallInputs> Scheduler::admit(
+    std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths, int64_t chunk)
+{
+    chunk = checkedChunk(chunk);
+    std::vector<int> const chosen = take(ids, lengths);
     int64_t const longest = *std::max_element(lengths.begin(), lengths.end());
     int64_t width = 1;
     std::vector<int64_t> offsets;  // each prompt's first id in ``ids``
     int64_t offset = 0;
     for (size_t i = 0; i < chosen.size(); ++i)
     {
-        mPages.ensure(chosen[i], lengths[i]);
-        mSlots[static_cast<size_t>(chosen[i])] = Slot{true, 0, -1};
         width = std::max<int64_t>(width, static_cast<int64_t>(mPages.pages(chosen[i]).size()));
         offsets.push_back(offset);
         offset += lengths[i];
@@ -285,10 +393,15 @@ void Scheduler::commit(CallInputs const& call, std::vector<int64_t> const& chose
         int const s = call.slots[row];
         if (s >= 0 && mSlots[static_cast<size_t>(s)].live)
         {
-            mSlots[static_cast<size_t>(s)].cached += call.counts[row];
+            Slot& slot = mSlots[static_cast<size_t>(s)];
+            slot.cached += call.counts[row];
+            if (!slot.waiting.empty())  // a stepCall() fed this many of its waiting prompt tokens
+            {
+                slot.waiting.erase(slot.waiting.begin(), slot.waiting.begin() + call.counts[row]);
+            }
             if (call.sampled[row] != 0)
             {
-                mSlots[static_cast<size_t>(s)].next = chosen[row];
+                slot.next = chosen[row];
             }
         }
     }

@@ -108,6 +108,21 @@ public:
     std::vector<CallInputs> admit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
         int64_t chunk = 0);
 
+    //! Admit prompts as admit() does (slots and every page taken now) without building their calls:
+    //! their tokens wait in their slots for stepCall(). Returns prompt i's slot at index i.
+    std::vector<int> enqueue(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
+
+    //! One call for every sequence with work (continuous batching): a token for each sequence with
+    //! a next token, and the next chunk (at most ``chunk`` tokens, 0 or more than maxPrompt:
+    //! maxPrompt) of each prompt waiting from enqueue(); rows are slots 0 .. the highest with work,
+    //! other rows idle. A call with no waiting prompt is decodeCall() (a decode-profile call);
+    //! otherwise a prefill-profile call whose decode rows hold one token each. A row chooses its
+    //! next token (CallInputs::sampled) when it decodes or its prompt's last chunk runs.
+    CallInputs stepCall(int64_t chunk = 0);
+
+    //! Slots whose prompts still wait for stepCall() (in slot order).
+    std::vector<int> waitingSlots() const;
+
     //! One token per sequence with a next token; the rows are slots 0 .. batch-1, batch the
     //! smallest of decodeBatches() holding the highest such slot (other rows idle). Takes the pages
     //! the new tokens need.
@@ -140,9 +155,14 @@ private:
         bool live{false};
         int64_t cached{0};
         int64_t next{-1};
+        std::vector<int64_t> waiting;  //!< prompt tokens enqueue() admitted that no call has fed yet
     };
 
+    //! Slots and pages for prompts (admit and enqueue); returns the slots.
+    std::vector<int> take(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths);
+
     void checkPrompts(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths) const;
+    int64_t checkedChunk(int64_t chunk) const;
     void checkSlot(int slot) const;
     void fillRow(CallInputs& call, int64_t row, int slot) const;
     CallInputs emptyCall(bool prefill, int64_t batch, int64_t length, int64_t width) const;

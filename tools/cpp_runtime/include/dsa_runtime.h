@@ -6,6 +6,7 @@
 //   runtime.token(slots[0]);                            // the first generated token of prompt 0
 //   runtime.decode();                                   // one more token for every live sequence
 //   runtime.release(slots[0]);                          // the sequence ends, its cache pages are free
+//   runtime.submit(ids, lengths); runtime.step();       // or: continuous batching, one call for everyone
 //
 // One Runtime serves up to `slots` sequences at once. Each stage of the build runs on its GPU with
 // one CUDA stream per GPU; the cache pools are allocated once on each stage's GPU and stay there;
@@ -95,6 +96,19 @@ public:
     std::vector<int> prefill(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
         std::vector<SamplingParams> const& sampling);
 
+    //! Continuous batching: admit prompts into free slots (their pages taken now) without running
+    //! them; each step() then feeds them. Returns prompt i's slot at index i.
+    std::vector<int> submit(std::vector<int64_t> const& ids, std::vector<int64_t> const& lengths,
+        std::vector<SamplingParams> const& sampling = {});
+
+    //! One call for every live sequence: a token for each sequence that is generating, and the next
+    //! chunk (RuntimeOptions::prefillChunk, at most RuntimeInfo::maxPrompt) of each submitted prompt,
+    //! in one call on the prefill profile (a call with no prompt to feed is a decode() step, on the
+    //! decode profile and its CUDA graphs). Returns the slots that got a token: the generating
+    //! ones and those whose prompt's last chunk ran (its first token). If the call fails, the
+    //! prompts it was feeding are released (their slots and pages are free); the rest stay.
+    std::vector<int> step();
+
     //! Change how the sequence in ``slot`` chooses its next tokens (its draws keep counting).
     void setSampling(int slot, SamplingParams const& sampling);
 
@@ -154,6 +168,10 @@ int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_
 int dsa_runtime_set_sampling(dsa_runtime* runtime, int slot, float temperature, float top_p, uint64_t seed);
 //! One token per live sequence; their slots into ``slots`` (room for ``capacity``), their count into ``count``.
 int dsa_runtime_decode(dsa_runtime* runtime, int* slots, int capacity, int* count);
+//! Runtime::submit: ``count`` prompts admitted without running; slot i of prompt i into ``slots``.
+int dsa_runtime_submit(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots);
+//! Runtime::step: the slots that got a token into ``slots`` (room for ``capacity``), their count into ``count``.
+int dsa_runtime_step(dsa_runtime* runtime, int* slots, int capacity, int* count);
 int dsa_runtime_release(dsa_runtime* runtime, int slot);
 //! The last chosen token of ``slot`` into ``token``.
 int dsa_runtime_token(dsa_runtime const* runtime, int slot, int64_t* token);
