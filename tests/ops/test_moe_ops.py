@@ -4,7 +4,6 @@ TensorRT-RTX) against each other, with skipped slots, idle experts, repeated exp
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import ml_dtypes
@@ -361,11 +360,11 @@ def test_bodies_read_expert_weights_only_one_expert_at_a_time():
         moe_experts_fp8_function(18)
 
 
-def _node_runs(model, feed) -> dict[str, int]:
-    """How many times each op type ran in one ONNX Runtime call (its profiler)."""
+def _node_runs(model, feed, folder: Path) -> dict[str, int]:
+    """How many times each op type ran in one ONNX Runtime call (its profiler, writing into ``folder``)."""
     options = ort.SessionOptions()
     options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "moe")
+    options.profile_file_prefix = str(folder / "moe")
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     first = sess.run(None, feed)[0]
     events = json.loads(Path(sess.end_profiling()).read_text())
@@ -380,7 +379,7 @@ def _node_runs(model, feed) -> dict[str, int]:
 @pytest.mark.parametrize("n,k,e,dtype,dense", [(4, 4, 8, np.float32, True), (1, 8, 24, np.float32, True),
                                                (17, 2, 8, np.float32, False), (2, 2, 16, np.float32, False),
                                                (4, 4, 8, np.float16, False)])
-def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense):
+def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense, tmp_path):
     """A few float32 rows that hit most experts take the dense path (no Gemm of the loop runs);
     more rows, fewer experts hit, or fp16/bf16 weights keep the loop. Both give the reference."""
     gen = torch.Generator().manual_seed(n * 100 + e)
@@ -390,7 +389,7 @@ def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense):
     feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
     for name in ("x", "gate_up", "down"):
         feed[name] = feed[name].astype(dtype)
-    runs = _node_runs(moe_model(e, 8, 16, k, dtype), feed)
+    runs = _node_runs(moe_model(e, 8, 16, k, dtype), feed, tmp_path)
     assert ("Gemm" not in runs) == dense, runs
     assert bool({"MatMul", "FusedMatMul"} & set(runs)) == dense, runs
     want = moe_experts_reference(*feed.values())
