@@ -47,7 +47,14 @@ def _session(path: Path, threads: int | None, folder: Path, tag: str):
     if threads:
         options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    # The bodies dsa-export's own sessions run (the trimmed attention, the dense routed experts).
+    from dsa_export.runtime.onnxrt import data_folder, onnxruntime_model_bytes
+
+    swapped = onnxruntime_model_bytes(path)
+    if swapped is None:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_folder(path)))
+    return ort.InferenceSession(swapped, options, providers=["CPUExecutionProvider"])
 
 
 def _pool(rng, spec, pages: int) -> np.ndarray:

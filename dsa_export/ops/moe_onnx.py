@@ -22,10 +22,12 @@ Memory: ``acc`` and ``x`` in float32 (``O(N*H)``), one expert's weights in float
 expert computes tokens that were not routed to it. ``T = min(N, 128, ceil(N*K/E))`` keeps tiles
 near an expert's mean load (a decode step, N = 1, pads nothing).
 
-Dense path (``DSAMoEExperts`` only): for a few rows over float32 weights that name most experts
-anyway (a decode step), one ``If`` runs every expert over every row with the stacks read where
-they lie (``MatMul(gate_up, x^T)``, ``MatMul(down, h)``: no per-expert copy) instead of the sort,
-and the loop's trip count is 0; see :func:`_dense_or_sort` and docs/ops.md.
+Dense path (``DSAMoEExperts``'s ``dense`` body, which dsa-export's ONNX Runtime sessions swap in;
+files carry ``loop``, which TensorRT-RTX builds in every float type): for a few rows over float32
+weights that name most experts anyway (a decode step), one ``If`` runs every expert over every
+row with the stacks read where they lie (``MatMul(gate_up, x^T)``, ``MatMul(down, h)``: no
+per-expert copy) instead of the sort, and the loop's trip count is 0; see :func:`_dense_or_sort`
+and docs/ops.md.
 
 FP8: ONNX has no ``Gather`` of float8 tensors and TensorRT accepts float8 tensors only into
 dequantize/shuffle/concat layers, so selecting one FP8 expert needs ``Scan`` (which iterates the
@@ -56,6 +58,10 @@ TILE_ROWS = 128
 #: weight copies on a CPU (2 FLOPs per weight and row against 12 bytes moved per weight).
 DENSE_MAX_ROWS = 16
 DENSE_EXPERT_FACTOR = 3
+
+#: DSAMoEExperts body constructions: ``loop`` (files) and ``dense`` (ONNX Runtime), see
+#: :func:`moe_experts_function`.
+MOE_BODIES = ("loop", "dense")
 
 #: FP8 body constructions, see the module docstring.
 FP8_BODIES = ("expert", "stack")
@@ -329,20 +335,38 @@ def _dense_or_sort(b: Body, n: str, k: str, e: str, m: str, hidden: str, expert_
     return results[0], _Sort(*results[1:])
 
 
-def moe_experts_function(opset: int) -> FunctionProto:
+def moe_experts_function(opset: int, body: str = "loop") -> FunctionProto:
     """Body of DSAMoEExperts (SiLU; other activations are refused before a node is written).
 
-    Two paths with one result: the expert loop (the general one), and for a few rows over
-    float32 weights most of which the rows hit anyway (a decode step), every expert over every
-    row with the stacks read in place: no per-expert Gather copies and a sixth of the node runs.
-    The loop's trip count is 0 when the dense path runs (TensorRT(-RTX) takes no Loop inside
-    an If, so the Loop stays outside it).
+    ``body``: ``loop`` (what files carry; TensorRT(-RTX) builds it in every float type) is the
+    sort and the expert loop; ``dense`` (what dsa-export's ONNX Runtime sessions swap in, see
+    :func:`use_moe_body`) adds, for a few rows over float32 weights most of which the rows hit
+    anyway (a decode step), every expert over every row with the stacks read in place, in one
+    ``If`` with the sort it replaces: no per-expert Gather copies and a sixth of the node runs.
+    The loop's trip count is 0 when the dense path runs (a Loop inside an If is what TensorRT-RTX
+    refuses, so it stays outside), and both paths give the reference's result.
     """
+    if body not in MOE_BODIES:
+        raise ValueError(f"DSAMoEExperts body must be one of {MOE_BODIES}, not {body!r}.")
     b = Body("moe")
-    s = _prelude(b, dense=True)
+    s = _prelude(b, dense=body == "dense")
     acc = _expert_loop(b, s, "gate_up", "down")
+    if body == "loop":
+        return _finish(b, s, acc, MOE_EXPERTS, opset)
     rows = b("Slice", acc, b.const([0]), b("Unsqueeze", s.n, b.const([0])), b.const([0]))
     return _finish(b, s, b("Add", rows, s.dense_rows), MOE_EXPERTS, opset, sliced=True)
+
+
+def use_moe_body(model, body: str) -> bool:
+    """Replace ``model``'s DSAMoEExperts function with the ``body`` construction, in place
+    (``loop``: what TensorRT(-RTX) builds; ``dense``: what ONNX Runtime runs faster at decode
+    sizes). Returns whether the model had the function."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for i, fn in enumerate(model.functions):
+        if fn.domain == DOMAIN and fn.name == MOE_EXPERTS.name:
+            model.functions[i].CopyFrom(moe_experts_function(opset, body))
+            return True
+    return False
 
 
 def moe_experts_fp8_function(opset: int, body: str = "expert") -> FunctionProto:

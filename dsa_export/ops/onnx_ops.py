@@ -194,9 +194,13 @@ def use_onnxruntime_bodies(model) -> bool:
     """Swap, in place, the sparse-attention body of a plugin-mode file for the ``trimmed`` one,
     which ONNX Runtime runs faster (it skips the slots after a chunk's last valid index, most of
     them on prompts shorter than K) with the same values; TensorRT cannot build it, so files carry
-    the ``static`` one. Every ONNX Runtime session dsa-export opens on a file applies this
+    the ``static`` one. The routed experts' body likewise becomes ``dense`` (decode-sized calls
+    multiply the expert stacks in place; TensorRT-RTX fails to build it in bf16, so files carry
+    ``loop``). Every ONNX Runtime session dsa-export opens on a file applies this
     (:func:`dsa_export.runtime.onnxrt.session`, the artifact's optimized model, calibration).
-    Returns whether the model has the function (a ``native`` file has none: nothing to swap)."""
+    Returns whether the model has either function (a ``native`` file has none: nothing to swap)."""
     from dsa_export.ops.attention_onnx import use_attention_body
+    from dsa_export.ops.moe_onnx import use_moe_body
 
-    return use_attention_body(model, "trimmed")
+    attention = use_attention_body(model, "trimmed")
+    return use_moe_body(model, "dense") or attention

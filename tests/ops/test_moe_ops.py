@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dsa_export.errors import DSAUserError
 from dsa_export.ops import dsa_moe_experts, dsa_moe_experts_fp8
 from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBUTES
-from dsa_export.ops.moe_onnx import moe_experts_fp8_function, use_fp8_body
+from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function, use_fp8_body, use_moe_body
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import (
     BODY_OPS,
@@ -256,8 +256,11 @@ def test_body_matches_reference(n, k, e, inter, h, skipped, seed):
     ids, weights = routing(n, k, e, gen, skipped)
     gate_up, down = experts(e, inter, h, gen)
     feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
-    got = _ort(moe_model(e, inter, h, k), feed)
-    np.testing.assert_allclose(got, moe_experts_reference(*feed.values()), rtol=1e-5, atol=1e-5)
+    want = moe_experts_reference(*feed.values())
+    model = moe_model(e, inter, h, k)
+    np.testing.assert_allclose(_ort(model, feed), want, rtol=1e-5, atol=1e-5)  # the file's loop body
+    assert use_moe_body(model, "dense")  # ONNX Runtime sessions' body: dense at decode sizes, else the loop
+    np.testing.assert_allclose(_ort(model, feed), want, rtol=1e-5, atol=1e-5)
 
 
 def test_body_fp16_and_native_inlining():
@@ -354,7 +357,13 @@ def test_bodies_read_expert_weights_only_one_expert_at_a_time():
     # Inside, the stacks are gathered one expert at a time, or (the float body's dense path for a
     # few rows) multiplied where they lie: never transposed, cast or expanded whole.
     graph = onnx.helper.make_graph(fns["DSAMoEExperts"].node, "f", [], [])
-    assert sorted(_readers(graph)) == ["Gather", "Gather", "MatMul", "MatMul", "Shape"]
+    assert sorted(_readers(graph)) == ["Gather", "Gather", "Shape"]  # files carry the loop body
+    dense = onnx.helper.make_graph(moe_experts_function(21, "dense").node, "f", [], [])
+    assert sorted(_readers(dense)) == ["Gather", "Gather", "MatMul", "MatMul", "Shape"]
+    assert _graph_ops(dense) - _graph_ops(graph) <= {"If", "MatMul", "Transpose", "CastLike", "Equal",
+                                                     "LessOrEqual", "Identity", "Expand"}
+    with pytest.raises(ValueError, match="loop"):
+        moe_experts_function(21, "fused")
     assert "DSAMoEExpertsFP8" not in {f.name for f in function_protos(18)}
     with pytest.raises(ValueError, match="opset >= 21"):
         moe_experts_fp8_function(18)
@@ -389,12 +398,14 @@ def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense, 
     feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
     for name in ("x", "gate_up", "down"):
         feed[name] = feed[name].astype(dtype)
-    runs = _node_runs(moe_model(e, 8, 16, k, dtype), feed, tmp_path)
+    model = moe_model(e, 8, 16, k, dtype)
+    use_moe_body(model, "dense")
+    runs = _node_runs(model, feed, tmp_path)
     assert ("Gemm" not in runs) == dense, runs
     assert bool({"MatMul", "FusedMatMul"} & set(runs)) == dense, runs
     want = moe_experts_reference(*feed.values())
     tol = 1e-5 if dtype == np.float32 else 2e-3
-    np.testing.assert_allclose(_ort(moe_model(e, 8, 16, k, dtype), feed).astype(np.float32), want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(_ort(model, feed).astype(np.float32), want, rtol=tol, atol=tol)
 
 
 def test_schemas_check_the_weight_types():
