@@ -20,7 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 from dsa_export.errors import DSAUserError
 from dsa_export.ops import dsa_moe_experts, dsa_moe_experts_fp8
 from dsa_export.ops.contract import MOE_EXPERTS, MOE_EXPERTS_FP8, PLUGIN_ATTRIBUTES
-from dsa_export.ops.moe_onnx import moe_experts_fp8_function, moe_experts_function, use_fp8_body, use_moe_body
+from dsa_export.ops.moe_onnx import (
+    moe_experts_fp8_function,
+    moe_experts_function,
+    use_fp8_body,
+    use_moe_body,
+)
 from dsa_export.ops.onnx_ops import function_protos, register_schemas
 from dsa_export.ops.reference import (
     BODY_OPS,
