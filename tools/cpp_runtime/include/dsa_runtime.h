@@ -118,7 +118,8 @@ public:
     //! End the sequence in ``slot``; its slot and pages are free again.
     void release(int slot);
 
-    //! The token the last call chose for ``slot`` (the next input of its sequence).
+    //! The token the last call chose for ``slot`` (the next input of its sequence); -1 while its
+    //! submitted prompt still waits for step().
     int64_t token(int slot) const;
 
     //! The logits that call gave ``slot`` (needs RuntimeOptions::keepLogits).
