@@ -30,7 +30,7 @@ from __future__ import annotations
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 from dsa_export.ops.contract import DOMAIN, INDEXER_TOPK, SPARSE_ATTENTION, OpSpec
-from dsa_export.ops.onnx_graph import Body, value
+from dsa_export.ops.onnx_graph import Body, replace_function, value
 from dsa_export.ops.sizes import CHUNK_ELEMENTS
 
 F32, I32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
@@ -240,9 +240,4 @@ def use_attention_body(model, body: str) -> bool:
     """Replace ``model``'s DSASparseAttention function with the ``body`` construction, in place
     (TensorRT(-RTX) builds ``static``, ONNX Runtime runs ``trimmed`` faster); returns whether the
     model had the function."""
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    for i, fn in enumerate(model.functions):
-        if fn.domain == DOMAIN and fn.name == SPARSE_ATTENTION.name:
-            model.functions[i].CopyFrom(sparse_attention_function(opset, body))
-            return True
-    return False
+    return replace_function(model, DOMAIN, SPARSE_ATTENTION.name, lambda opset: sparse_attention_function(opset, body))

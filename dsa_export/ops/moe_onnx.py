@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 from dsa_export.ops.contract import DOMAIN, MOE_EXPERTS, MOE_EXPERTS_FP8, OpSpec
-from dsa_export.ops.onnx_graph import Body, value
+from dsa_export.ops.onnx_graph import Body, replace_function, value
 
 F32, I32, I64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
 
@@ -361,12 +361,7 @@ def use_moe_body(model, body: str) -> bool:
     """Replace ``model``'s DSAMoEExperts function with the ``body`` construction, in place
     (``loop``: what TensorRT(-RTX) builds; ``dense``: what ONNX Runtime runs faster at decode
     sizes). Returns whether the model had the function."""
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    for i, fn in enumerate(model.functions):
-        if fn.domain == DOMAIN and fn.name == MOE_EXPERTS.name:
-            model.functions[i].CopyFrom(moe_experts_function(opset, body))
-            return True
-    return False
+    return replace_function(model, DOMAIN, MOE_EXPERTS.name, lambda opset: moe_experts_function(opset, body))
 
 
 def moe_experts_fp8_function(opset: int, body: str = "expert") -> FunctionProto:
@@ -398,12 +393,7 @@ def use_fp8_body(model, body: str) -> bool:
     For builders that cannot run the default ``expert`` body: TensorRT(-RTX) builds ``stack``.
     Returns whether the model had the function.
     """
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    for i, fn in enumerate(model.functions):
-        if fn.domain == DOMAIN and fn.name == MOE_EXPERTS_FP8.name:
-            model.functions[i].CopyFrom(moe_experts_fp8_function(opset, body))
-            return True
-    return False
+    return replace_function(model, DOMAIN, MOE_EXPERTS_FP8.name, lambda opset: moe_experts_fp8_function(opset, body))
 
 
 def has_fp8_experts(model) -> bool:

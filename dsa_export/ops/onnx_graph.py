@@ -72,3 +72,15 @@ class Body:
 def value(name: str, elem_type: int, rank: int | None = None) -> onnx.ValueInfoProto:
     """A subgraph input of known type; a scalar when ``rank`` is 0, unknown shape when None."""
     return helper.make_tensor_value_info(name, elem_type, None if rank is None else [None] * rank if rank else [])
+
+
+def replace_function(model: onnx.ModelProto, domain: str, name: str, build) -> bool:
+    """Replace, in place, ``model``'s local function ``domain::name`` by ``build(opset)`` (opset: the
+    model's standard-domain version), so a file can carry one construction of a body and a
+    runtime another; returns whether the model had the function."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for i, fn in enumerate(model.functions):
+        if fn.domain == domain and fn.name == name:
+            model.functions[i].CopyFrom(build(opset))
+            return True
+    return False

@@ -53,7 +53,7 @@ from dsa_export.ops.contract import (
     SPARSE_ATTENTION_PAGED,
     SPARSE_ATTENTION_PAGED_FP8,
 )
-from dsa_export.ops.onnx_graph import Body
+from dsa_export.ops.onnx_graph import Body, replace_function
 from dsa_export.ops.sizes import KEY_CHUNK_ELEMENTS
 
 F32, F16, I32, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64
@@ -76,13 +76,8 @@ def use_whole_row_indexer(model) -> bool:
     1.7's Myelin compiler fails on the nested Loop in Q/DQ stage graphs ("gvn.cpp:325:
     CHECK(graph().ssa_validation()) failed", a paged fp8 stage build); TensorRT's own buffers
     are its business, so the whole-row gather costs nothing there that ONNX Runtime pays for."""
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    swapped = False
-    for i, fn in enumerate(model.functions):
-        if fn.domain == DOMAIN and fn.name == INDEXER_TOPK_PAGED.name:
-            model.functions[i].CopyFrom(indexer_paged_function(opset, spans=False))
-            swapped = True
-    return swapped
+    return replace_function(model, DOMAIN, INDEXER_TOPK_PAGED.name,
+                            lambda opset: indexer_paged_function(opset, spans=False))
 
 
 def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages, spans: bool = True) -> FunctionProto:
@@ -382,10 +377,6 @@ def use_fp8_cache_bodies(model, codes: str) -> bool:
     TensorRT(-RTX) builds ``cast``. Returns whether the model had any of them."""
     builders = {INDEXER_TOPK_PAGED_FP8.name: indexer_paged_fp8_function,
                 SPARSE_ATTENTION_PAGED_FP8.name: sparse_attention_paged_fp8_function}
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    swapped = False
-    for i, fn in enumerate(model.functions):
-        if fn.domain == DOMAIN and fn.name in builders:
-            model.functions[i].CopyFrom(builders[fn.name](opset, codes))
-            swapped = True
-    return swapped
+    swapped = [replace_function(model, DOMAIN, name, lambda opset, build=build: build(opset, codes))
+               for name, build in builders.items()]
+    return any(swapped)
