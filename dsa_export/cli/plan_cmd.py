@@ -28,21 +28,28 @@ _DTYPES = ["auto", *DTYPE_BYTES]
               help="Decode cache dtype; auto follows the activations (bf16 for FP8/bf16 checkpoints).")
 @click.option("--reserve", default="2GiB", show_default=True, metavar="SIZE",
               help="Per-GPU reserve for the CUDA context, TensorRT scratch and allocator slack.")
+@click.option("--graph", type=click.Choice(["decode", "paged"]), default="decode", show_default=True,
+              help="The stages' graph: decode (a prefill returns every position's logits) or paged (the serving "
+                   "graph: last-token logits).")
+@click.option("--prefill-chunk", type=int, default=None, metavar="N",
+              help="Paged graphs: prompt tokens per row and prefill call (as build --prefill-chunk); activations "
+                   "are those of one such call. Default: the whole --max-seq prompt in one call.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def command(hf_dir: Path, stage_plan: StagePlanOptions, dtype: str, cache_dtype: str, reserve: str,
-            as_json: bool) -> None:
+def command(hf_dir: Path, stage_plan: StagePlanOptions, dtype: str, cache_dtype: str, reserve: str, graph: str,
+            prefill_chunk: int | None, as_json: bool) -> None:
     """Split the checkpoint HF_DIR (or its config.json) into contiguous pipeline stages that fit one GPU each.
 
     Each stage's total is its weights (exact from the safetensors headers when all shards are
     present, else from config.json) + its decode caches for --max-batch rows of --max-seq tokens +
-    the activations of a --max-seq prefill + --reserve. Formulas: docs/plan.md.
+    the activations of a --max-seq prefill (--graph paged --prefill-chunk N: of an N-token prefill
+    call) + --reserve. Formulas: docs/plan.md.
     """
     stages = stage_plan.stages
     kwargs = dict(
         gpu_memory_bytes=stage_plan.gpu_memory, stages=stages, gpus=stage_plan.gpus, max_batch=stage_plan.max_batch,
         max_seq=stage_plan.max_seq,
         dtype=None if dtype == "auto" else dtype, cache_dtype=None if cache_dtype == "auto" else cache_dtype,
-        reserve_bytes=reserve,
+        reserve_bytes=reserve, graph=graph, prefill_chunk=prefill_chunk,
     )
     # The checkpoint is untrusted: plan_stages checks config.json field by field (and refuses a
     # model too large to plan by arithmetic) before any work; those refusals pass straight through.

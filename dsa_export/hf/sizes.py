@@ -413,13 +413,17 @@ def layer_cache_bytes(g: Geometry, i: int, batch: int, seq: int, cache_bytes: in
     return batch * seq * per_token * cache_bytes
 
 
-def indexer_workspace(batch: int, seq: int) -> int:
-    """The DSAIndexerTopK plugin's workspace, ``max(min(4*B*S*T, 256 MiB), 4*T)`` with S = T = seq."""
-    return max(min(4 * batch * seq * seq, INDEXER_WORKSPACE_CAP), 4 * seq)
+def indexer_workspace(batch: int, seq: int, keys: int | None = None) -> int:
+    """The DSAIndexerTopK plugins' workspace, ``max(min(4*B*S*T, 256 MiB), 4*T)`` for ``S = seq``
+    queries per row over ``T = keys`` key positions (default ``seq``: a whole-prompt prefill)."""
+    t = seq if keys is None else keys
+    return max(min(4 * batch * seq * t, INDEXER_WORKSPACE_CAP), 4 * t)
 
 
-def layer_transient_bytes(g: Geometry, i: int, batch: int, seq: int, act: int) -> int:
-    """The largest set of tensors alive at once inside one layer during a prefill of ``seq`` tokens.
+def layer_transient_bytes(g: Geometry, i: int, batch: int, seq: int, act: int, keys: int | None = None) -> int:
+    """The largest set of tensors alive at once inside one layer during a prefill call of ``seq``
+    tokens per row over ``keys`` cached positions (default ``seq``: the whole prompt in one call; a
+    paged graph fed in chunks has ``seq`` = the chunk and ``keys`` = the sequences' length).
 
     The normed input stays alive throughout; then the largest of the attention (absorbed MLA), the
     indexer and the MLP/MoE phases. Latent and indexer keys are the caches and are counted there.
@@ -436,7 +440,7 @@ def layer_transient_bytes(g: Geometry, i: int, batch: int, seq: int, act: int) -
     phases = [attention]
     if g.indexer_types[i] == "full":
         phases.append(n * g.q_lora * act + n * g.index_heads * g.index_dim * act + n * g.index_heads * _FP32
-                      + indexer_workspace(batch, seq) + indices)
+                      + indexer_workspace(batch, seq, keys) + indices)
     if g.mlp_types[i] == "dense":
         phases.append(3 * n * g.intermediate * act)  # gate, up, act(gate) * up
     else:
@@ -486,15 +490,23 @@ class LayerCosts:
 
 
 def layer_costs(g: Geometry, weights: Weights, *, batch: int, seq: int, act_bytes: int, cache_bytes: int,
-                reserve_bytes: int) -> LayerCosts:
-    n = batch * seq
+                reserve_bytes: int, prefill_tokens: int | None = None, logits_rows: int | None = None,
+                cache_buffers: int = 1) -> LayerCosts:
+    """What every layer and stage end costs at ``batch`` rows of ``seq`` cached tokens. A prefill
+    call holds ``prefill_tokens`` tokens per row (default ``seq``; a paged graph fed in chunks:
+    the chunk) and returns ``logits_rows`` rows of logits (default every token of the call; a
+    paged graph: one per row). ``cache_buffers``: copies of each cache the runtime holds (2 for
+    paged pools that the engine writes into a new buffer every call)."""
+    calls = min(prefill_tokens or seq, seq)
+    n = batch * calls
+    rows = n if logits_rows is None else logits_rows
     return LayerCosts(
         weights=weights,
-        cache=[layer_cache_bytes(g, i, batch, seq, cache_bytes) for i in range(g.layers)],
-        transient=[layer_transient_bytes(g, i, batch, seq, act_bytes) for i in range(g.layers)],
+        cache=[cache_buffers * layer_cache_bytes(g, i, batch, seq, cache_bytes) for i in range(g.layers)],
+        transient=[layer_transient_bytes(g, i, batch, calls, act_bytes, keys=seq) for i in range(g.layers)],
         io_bytes=2 * n * g.hidden * act_bytes + n * _INT64,
         embedding_io_bytes=n * _INT64,
-        head_io_bytes=n * g.hidden * act_bytes + n * g.vocab * act_bytes,
+        head_io_bytes=rows * g.hidden * act_bytes + rows * g.vocab * act_bytes,
         indices_io_bytes=n * g.index_topk * _INT32,
         shared=[t == "shared" for t in g.indexer_types],
         reserve_bytes=reserve_bytes,

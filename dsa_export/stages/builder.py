@@ -210,7 +210,7 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         say(f"Exporting the stages of {model} into {export_folder} ...")
         exported, _ = export_stages(model, export_folder, StageExportSettings(
             stages=stages, gpu_memory=gpu_memory, gpus=gpus, max_batch=max_batch, max_seq=max_seq, graph=graph,
-            dequantize_fp8=dequantize, kv_cache=kv_cache, export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
+            prefill_chunk=prefill_chunk, dequantize_fp8=dequantize, kv_cache=kv_cache, export=ExportSettings(**({"dtype": dtype} if dtype else {}))), progress=False)
     else:
         raise DSAUserError(f"{model} is neither a Hugging Face checkpoint directory nor a stage export folder "
                            "(no config.json, no pipeline.json).")

@@ -43,7 +43,9 @@ class StageExportSettings:
             count: no fit check.
         gpus: GPUs available (a plan needing more is refused).
         max_batch, max_seq: the profile maximum the caches and activations are planned for.
-        graph: ``prefill`` or ``decode``.
+        graph: ``prefill``, ``decode`` or ``paged``.
+        prefill_chunk: paged graphs: prompt tokens per row and prefill call the stages will be
+            built for (``build --prefill-chunk``); the plan sizes activations for one such call.
         dequantize_fp8: write FP8 checkpoints' weights dequantized (in ``export.dtype``).
         kv_cache: ``fp8`` for FP8 cache pools (paged graphs), empty for the graph's dtype.
         export: settings of each stage's export.
@@ -55,6 +57,7 @@ class StageExportSettings:
     max_batch: int = 1
     max_seq: int = DEFAULT_MAX_SEQ
     graph: str = "prefill"
+    prefill_chunk: int | None = None
     dequantize_fp8: bool = False
     kv_cache: str = ""
     export: ExportSettings = field(default_factory=ExportSettings)
@@ -133,7 +136,8 @@ def export_stages(checkpoint_dir: str | Path, out_dir: str | Path, settings: Sta
     plan = plan_stages(ckpt, gpu_memory_bytes=settings.gpu_memory if explicit else 1 << 60,
                        stages=settings.stages, gpus=settings.gpus, max_batch=settings.max_batch,
                        max_seq=settings.max_seq, dtype=settings.export.dtype if settings.dequantize_fp8 or not ckpt.fp8
-                       else None, cache_dtype=settings.kv_cache or None, strict=explicit)
+                       else None, cache_dtype=settings.kv_cache or None, strict=explicit, graph=settings.graph or "prefill",
+                       prefill_chunk=settings.prefill_chunk)
     if settings.stages == "auto" and not explicit:
         raise DSAUserError("--stages auto needs --gpu-memory (e.g. 141GiB) to know what fits; pass it, or a stage "
                            "count such as --stages 4.")

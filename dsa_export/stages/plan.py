@@ -7,7 +7,9 @@ plan`` answers in about a second and the export pipeline can call :func:`plan_st
 loads anything. Every formula is written out in ``docs/plan.md``.
 
 A stage's memory is its weights + its decode caches at the profile maximum + the activations of a
-prefill of ``max_seq`` tokens at ``max_batch`` + a fixed reserve for the CUDA/TensorRT context.
+prefill of ``max_seq`` tokens at ``max_batch`` (a paged graph: of one prefill call, ``prefill_chunk``
+tokens per row, returning one row of logits per sequence) + a fixed reserve for the CUDA/TensorRT
+context.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from dsa_export.hf.sizes import (  # noqa: F401  (re-exported: the planner's pub
     weights_from_config,
     weights_from_headers,
 )
+
+#: Buffers of each cache pool of a paged stage on a GPU. TensorRT's scatter layer (the paged
+#: graph's cache write) does not alias its input, so the runtimes hold two buffers per pool that
+#: swap roles every call (tools/cpp_runtime/paged_engine.cpp) or a new output beside the input
+#: (EngineSession); an in-place write would make this 1.
+PAGED_POOL_BUFFERS = 2
 
 
 class StagesDoNotFit(DSAUserError):
@@ -159,6 +167,11 @@ class Plan:
     ignored_bytes: int
     ignored_parameters: int
     stages: list[StagePlan] = field(default_factory=list)
+    #: ``paged``: the serving graph (last-token logits, prompts fed ``prefill_chunk`` tokens per
+    #: call); ``decode``/``prefill``: a prefill returns every position's logits.
+    graph: str = "decode"
+    #: Prompt tokens per row and prefill call (paged graphs; None: the whole ``max_seq`` at once).
+    prefill_chunk: int | None = None
 
     @property
     def num_stages(self) -> int:
@@ -218,8 +231,14 @@ class Plan:
                 f"largest {format_gib(big.total_bytes)} (stage {big.index}), "
                 f"{self.total_parameters / 1e9:.1f}B parameters, {self.weight_precision} weights from "
                 f"{self.weights_source}, {self.cache_dtype} cache, activations {self.activation_dtype} at "
-                f"batch {self.max_batch} x {self.max_seq} tokens, reserve {format_gib(self.reserve_bytes)}/GPU"
-                f"{ignored}.")
+                f"batch {self.max_batch} x {self.max_seq} tokens{self._calls()}, reserve "
+                f"{format_gib(self.reserve_bytes)}/GPU{ignored}.")
+
+    def _calls(self) -> str:
+        if self.graph != "paged":
+            return ""
+        chunk = min(self.prefill_chunk or self.max_seq, self.max_seq)
+        return f" (paged: prefill calls of {chunk} tokens per row, last-token logits)"
 
 
 def load_config(source) -> tuple[dict, Path | None]:
@@ -247,6 +266,8 @@ def plan_stages(
     cache_dtype: str | None = None,
     reserve_bytes: int | str = DEFAULT_RESERVE_BYTES,
     strict: bool = True,
+    graph: str = "decode",
+    prefill_chunk: int | None = None,
 ) -> Plan:
     """Split ``checkpoint`` into contiguous stages, one per GPU of ``gpu_memory_bytes``.
 
@@ -267,6 +288,12 @@ def plan_stages(
         reserve_bytes: fixed per-GPU reserve for the CUDA/TensorRT context and workspaces.
         strict: raise when a requested stage count does not fit; False returns the plan with
             ``fits`` False on the stages that do not.
+        graph: the stages' graph. ``paged`` (the serving graph) returns the logits of each row's
+            last token only, and its cache pools count :data:`PAGED_POOL_BUFFERS` times;
+            ``decode`` and ``prefill`` return every position's.
+        prefill_chunk: paged graphs: prompt tokens per row and prefill call (``build
+            --prefill-chunk``); activations are those of one such call over ``max_seq`` cached
+            tokens. None: the whole ``max_seq`` prompt in one call.
 
     Raises:
         DSAUserError: the model cannot be split as asked (one sentence naming the fix).
@@ -287,6 +314,13 @@ def plan_stages(
         raise DSAUsageError("max batch and max sequence length must be at least 1.")
     if gpus is not None and gpus < 1:
         raise DSAUsageError(f"--gpus {gpus} must be at least 1.")
+    if graph not in ("prefill", "decode", "paged"):
+        raise DSAUsageError(f"graph '{graph}' is not one of prefill, decode, paged.")
+    if prefill_chunk is not None and graph != "paged":
+        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
+                            "add --graph paged.")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise DSAUsageError(f"--prefill-chunk must be at least 1; got {prefill_chunk}.")
     count = _stage_count(stages, g.layers, gpus)
 
     shards, missing = ([], []) if opened or not directory else shard_files(directory)
@@ -302,7 +336,9 @@ def plan_stages(
     cache_dtype = cache_dtype or act_dtype
     costs = layer_costs(g, weights, batch=max_batch, seq=max_seq, act_bytes=DTYPE_BYTES[act_dtype],
                         cache_bytes=FP8_CACHE if cache_dtype == "fp8" else DTYPE_BYTES[cache_dtype],
-                        reserve_bytes=reserve)
+                        reserve_bytes=reserve, prefill_tokens=prefill_chunk,
+                        logits_rows=max_batch if graph == "paged" else None,
+                        cache_buffers=PAGED_POOL_BUFFERS if graph == "paged" else 1)
     table = _cost_table(costs)
     n = g.layers
 
@@ -335,6 +371,7 @@ def plan_stages(
         reserve_bytes=reserve, requested_stages=stages if stages == "auto" else count,
         total_parameters=sum(weights.parameters) + weights.embedding_parameters + weights.head_parameters,
         ignored_bytes=weights.ignored_bytes, ignored_parameters=weights.ignored_parameters, stages=stage_plans,
+        graph=graph, prefill_chunk=prefill_chunk,
     )
 
 

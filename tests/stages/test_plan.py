@@ -271,6 +271,78 @@ def test_auto_split_of_v32_fp8_on_h200():
     assert bf16.num_stages > 9 and bf16.weight_precision == "bf16"
 
 
+def test_paged_stages_are_planned_for_one_prefill_call_and_double_pools():
+    """A paged graph returns each row's last-token logits, and with --prefill-chunk C its prefill
+    calls hold C tokens per row over caches of max_seq: activations are those of one such call.
+    Its pools count twice (TensorRT's scatter writes each call's pools into a new buffer)."""
+    g = S.Geometry.from_config(V32)
+    batch, seq, chunk = 2, 131072, 4096
+    n = batch * chunk
+    # The indexer workspace is the plugins': C queries per row over max_seq keys, capped.
+    assert S.indexer_workspace(2, 3, 5) == 4 * 2 * 3 * 5 and S.indexer_workspace(1, chunk, seq) == 256 << 20
+    assert S.layer_transient_bytes(g, 10, batch, chunk, 2, keys=seq) == (
+        n * 128 * 576 * 2 + n * 128 * 512 * 2 + n * 2048 * 4 + n * 7168 * 2)
+    decode = plan_stages(V32, gpu_memory_bytes="141GiB", stages=8, max_batch=batch, max_seq=seq, strict=False)
+    paged = plan_stages(V32, gpu_memory_bytes="141GiB", stages=8, max_batch=batch, max_seq=seq, graph="paged",
+                        prefill_chunk=chunk, strict=False)
+    cut = [(s.start, s.stop) for s in paged.stages]
+    costs = S.layer_costs(g, S.weights_from_config(g, None), batch=batch, seq=seq, act_bytes=2, cache_bytes=2,
+                          reserve_bytes=2 * GIB)
+    for stage, (start, stop) in zip(paged.stages, cut):
+        whole = costs.stage(stage.index, start, stop)
+        assert stage.cache_bytes == 2 * whole.cache_bytes and stage.weight_bytes == whole.weight_bytes
+        transient = max(S.layer_transient_bytes(g, i, batch, chunk, 2, keys=seq) for i in range(start, stop))
+        expected = 2 * n * 7168 * 2 + n * 8 + transient
+        expected += n * 8 if start == 0 else 0  # input_ids
+        expected += batch * 7168 * 2 + batch * 129280 * 2 if stop == 61 else 0  # last-token logits only
+        assert stage.activation_bytes == expected, stage.index
+    assert paged.largest_stage.activation_bytes < decode.largest_stage.activation_bytes / 20
+    # Fewer GPUs for DeepSeek-V3.2 at 128K: 7 stages of 141 GiB whole-prompt, 5 fed 4096 tokens a call.
+    assert plan_stages(V32, gpu_memory_bytes="141GiB", max_seq=seq).num_stages == 7
+    chunked = plan_stages(V32, gpu_memory_bytes="141GiB", max_seq=seq, graph="paged", prefill_chunk=chunk)
+    assert chunked.num_stages == 5 and chunked.fits and (chunked.graph, chunked.prefill_chunk) == ("paged", chunk)
+    assert "prefill calls of 4096 tokens per row" in chunked.summary()
+    # Without a chunk a paged prefill call takes the whole max_seq; a chunk past it changes nothing.
+    whole_prompt = plan_stages(V32, gpu_memory_bytes="141GiB", max_seq=8192, graph="paged")
+    longer = plan_stages(V32, gpu_memory_bytes="141GiB", max_seq=8192, graph="paged", prefill_chunk=10**6)
+    assert longer.stages == whole_prompt.stages and "prefill calls of 8192 tokens" in longer.summary()
+    assert Plan.from_json(chunked.to_json()) == chunked
+    old = json.loads(decode.to_json())
+    del old["graph"], old["prefill_chunk"]  # a plan written before these fields existed
+    assert Plan.from_dict(old) == decode
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"prefill_chunk": 64}, "add --graph paged"),
+    ({"graph": "decode", "prefill_chunk": 64}, "add --graph paged"),
+    ({"graph": "paged", "prefill_chunk": 0}, "at least 1; got 0"),
+    ({"graph": "native"}, "graph 'native' is not one of"),
+])
+def test_paged_plan_refusals(kwargs, message):
+    with pytest.raises(DSAUsageError, match=message):
+        plan_stages(V32, gpu_memory_bytes="141GiB", **kwargs)
+
+
+def test_stage_export_plans_with_the_builds_prefill_chunk(checkpoints, tmp_path, monkeypatch):
+    """build --stages --graph paged --prefill-chunk N hands N to the planner (which may then cut
+    the model into fewer stages)."""
+    from dsa_export.artifact import BuildSettings
+    from dsa_export.stages.builder import build_stages
+
+    seen = {}
+
+    def planner(*args, **kwargs):
+        seen.update(kwargs)
+        raise DSAUserError("planned.")
+
+    monkeypatch.setattr(P, "plan_stages", planner)
+    with pytest.raises(DSAUserError, match="planned"):
+        build_stages(checkpoints["glm_moe_dsa"], tmp_path / "out", BuildSettings(), stages=2, graph="paged",
+                     prefill_chunk=32, max_batch=4, max_seq=128, say=lambda line: None)
+    assert (seen["graph"], seen["prefill_chunk"], seen["max_seq"]) == ("paged", 32, 128)
+    assert not (tmp_path / "out").exists()
+
+
 # -- splitting -------------------------------------------------------------------------------------
 
 def _random_config(rng: random.Random, n: int) -> dict:
@@ -412,6 +484,16 @@ def test_cli_errors(v32_dir, args, code, message):
     result = cli(v32_dir, *args)
     assert result.returncode == code, (result.stdout, result.stderr)
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_plans_paged_stages_fed_in_chunks(v32_dir):
+    result = cli(v32_dir, "--gpu-memory", "141GiB", "--max-seq", "131072", "--graph", "paged", "--prefill-chunk",
+                 "4096", "--json")
+    assert result.returncode == 0, result.stderr
+    assert Plan.from_json(result.stdout) == plan_stages(v32_dir, gpu_memory_bytes="141GiB", max_seq=131072,
+                                                         graph="paged", prefill_chunk=4096)
+    result = cli(v32_dir, "--gpu-memory", "141GiB", "--prefill-chunk", "4096")
+    assert result.returncode == 2 and "add --graph paged" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_cli_too_few_stages_shows_the_table_then_fails(v32_dir, tmp_path):
