@@ -49,6 +49,7 @@ public:
         , mScheduler(mEngine.limits())
         , mKeepLogits(options.keepLogits)
         , mPrefillChunk(options.prefillChunk)
+        , mStepTokens(options.stepTokens)
     {
         SchedulerLimits const& limits = mEngine.limits();
         mInfo.stages = mEngine.stages();
@@ -73,7 +74,7 @@ public:
 
     std::vector<int> step()
     {
-        CallInputs const call = mScheduler.stepCall(mPrefillChunk);
+        CallInputs const call = mScheduler.stepCall(mPrefillChunk, mStepTokens);
         try
         {
             mEngine.run(call, samplingRows(call.slots, mSampling), mKeepLogits);
@@ -258,6 +259,7 @@ private:
     Scheduler mScheduler;
     bool mKeepLogits;
     int64_t mPrefillChunk;  //!< tokens per row of a prefill call (0: the prefill profile's max)
+    int64_t mStepTokens;    //!< rows x tokens per row of a step() call (0: no limit)
     RuntimeInfo mInfo;
     std::map<int, std::vector<float>> mLogits;
     std::map<int, SlotSampling> mSampling;  //!< each live slot's settings and chosen-token count

@@ -224,6 +224,31 @@ void testStepsMixPromptChunksWithDecodeRows()
     THROWS(std::invalid_argument, scheduler.stepCall(-1), "the prefill chunk must be 0");
 }
 
+void testAStepTokenBudgetShortensTheChunks()
+{
+    dsa::SchedulerLimits limits = smallLimits();  // pages of 4, 12 tokens a sequence, 8 per prefill call
+    limits.prefillBatch = 3;
+    dsa::Scheduler scheduler(limits);
+    scheduler.commit(scheduler.admit({7, 8}, {2}).front(), {42});  // slot 0 decodes from token 42
+    scheduler.enqueue({1, 2, 3, 4, 5, 6, 9, 10, 11}, {6, 3});
+    // 3 rows x at most 2 tokens: the prompts move 2 tokens a step, the decode row keeps its one.
+    dsa::CallInputs const first = scheduler.stepCall(4, 7);
+    CHECK(first.prefill && first.batch == 3 && first.length == 2);
+    CHECK((first.ids == std::vector<int64_t>{42, 0, 1, 2, 9, 10}) && (first.counts == std::vector<int32_t>{1, 2, 2}));
+    CHECK((first.sampled == std::vector<uint8_t>{1, 0, 0}));
+    scheduler.commit(first, {50, 51, 52});
+    CHECK(scheduler.cached(1) == 2 && scheduler.cached(2) == 2 && scheduler.next(2) == -1);
+    // A budget under the row count still moves every prompt by a token.
+    dsa::CallInputs const second = scheduler.stepCall(4, 2);
+    CHECK(second.length == 1 && (second.ids == std::vector<int64_t>{50, 3, 11}));
+    CHECK((second.sampled == std::vector<uint8_t>{1, 0, 1}));
+    scheduler.commit(second, {60, 61, 62});
+    // No budget: the rest of slot 1's prompt (3 tokens) in one call.
+    dsa::CallInputs const third = scheduler.stepCall(4, 0);
+    CHECK(third.length == 3 && (third.counts == std::vector<int32_t>{1, 3, 1}) && third.sampled[1] == 1);
+    THROWS(std::invalid_argument, scheduler.stepCall(4, -1), "token budget must be 0");
+}
+
 void testDecodeBatches()
 {
     auto batches = [](int slots) {
@@ -451,6 +476,7 @@ int main(int argc, char** argv)
         {"decode calls grow pages and batches", testDecodeCallsGrowPagesAndBatches},
         {"long prompts are prefilled in chunks", testLongPromptsArePrefilledInChunks},
         {"steps mix prompt chunks with decode rows", testStepsMixPromptChunksWithDecodeRows},
+        {"a step token budget shortens the chunks", testAStepTokenBudgetShortensTheChunks},
         {"decode batches", testDecodeBatches},
         {"argument checks change nothing", testArgumentChecksChangeNothing},
         {"full pools and full sequences", testFullPoolsAndFullSequences},

@@ -228,9 +228,10 @@ std::vector<int> Scheduler::waitingSlots() const
     return slots;
 }
 
-CallInputs Scheduler::stepCall(int64_t chunk)
+CallInputs Scheduler::stepCall(int64_t chunk, int64_t tokens)
 {
     chunk = checkedChunk(chunk);
+    argument(tokens >= 0, "the step's token budget must be 0 (no limit) or more tokens; got " + str(tokens) + ".");
     if (waitingSlots().empty())
     {
         return decodeCall();
@@ -262,6 +263,11 @@ CallInputs Scheduler::stepCall(int64_t chunk)
         }
     }
     mPages.checkAvailable(needed);
+    if (tokens > 0)  // rows x length <= tokens where one token a row allows it
+    {
+        chunk = std::max<int64_t>(1, std::min<int64_t>(chunk, tokens / (int64_t{highest} + 1)));
+        length = std::min(length, chunk);
+    }
     if (highest + 1 > mLimits.prefillBatch)
     {
         throw UserError("a step over slots 0 .. " + str(highest) + " has more rows than the prefill profile's batch of "

@@ -118,7 +118,11 @@ public:
     //! other rows idle. A call with no waiting prompt is decodeCall() (a decode-profile call);
     //! otherwise a prefill-profile call whose decode rows hold one token each. A row chooses its
     //! next token (CallInputs::sampled) when it decodes or its prompt's last chunk runs.
-    CallInputs stepCall(int64_t chunk = 0);
+    //! ``tokens`` (0: no limit) bounds the call's size, rows x tokens per row (the padded [batch,
+    //! length] every layer computes), by shortening the chunks: length = max(1, min(chunk, tokens /
+    //! rows)), so the generating sequences' next token waits for at most that much prefill work
+    //! (vLLM's max_num_batched_tokens); every waiting prompt still moves by at least one token.
+    CallInputs stepCall(int64_t chunk = 0, int64_t tokens = 0);
 
     //! Slots whose prompts still wait for stepCall() (in slot order).
     std::vector<int> waitingSlots() const;

@@ -49,6 +49,7 @@ struct RuntimeOptions
     bool keepLogits{false};    //!< keep each sequence's last logits for logits() (copied to the host)
     std::string kernels;       //!< libdsa_kernels.so, the device sampler (else $DSA_EXPORT_KERNELS_LIB, else beside the plugin library)
     int64_t prefillChunk{0};   //!< tokens per prompt and prefill call (0: the prefill profile's sequence max); longer prompts go in chunks
+    int64_t stepTokens{0};     //!< step(): at most this many rows x tokens per row in one call, by shorter chunks (0: no limit; at least a token a row)
 };
 
 //! How a sequence chooses its tokens (dsa_export.runtime.generate.SamplingSettings' rules).
@@ -105,7 +106,9 @@ public:
     //! chunk (RuntimeOptions::prefillChunk, at most RuntimeInfo::maxPrompt) of each submitted prompt,
     //! in one call on the prefill profile (a call with no prompt to feed is a decode() step, on the
     //! decode profile and its CUDA graphs). Returns the slots that got a token: the generating
-    //! ones and those whose prompt's last chunk ran (its first token). If the call fails, the
+    //! ones and those whose prompt's last chunk ran (its first token). RuntimeOptions::stepTokens
+    //! bounds the call (rows x tokens per row) by feeding shorter chunks, so prompts joining do not
+    //! hold up the generating sequences' next token by more than that. If the call fails, the
     //! prompts it was feeding are released (their slots and pages are free); the rest stay.
     std::vector<int> step();
 
