@@ -198,11 +198,10 @@ class _Picker:
 
 
 def _call_limit(model) -> int | None:
-    """The most tokens per row one call of every stage takes (the profiles' ``sequence`` max);
-    None when nothing bounds it."""
-    describe = getattr(model, "describe", None)
-    limits = [d["call_limit"] for d in describe() if d.get("call_limit") is not None] if callable(describe) else []
-    return min(limits) if limits else None
+    """:meth:`~dsa_export.stages.session.PipelineSession.call_limit` of a pipeline; None for a
+    model without one (a single file: nothing bounds its calls but its sequence limit)."""
+    limit = getattr(model, "call_limit", None)
+    return limit() if callable(limit) else None
 
 
 def _room(model, longest: int, steps: int, notes: list[str]) -> int:

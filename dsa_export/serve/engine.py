@@ -154,13 +154,8 @@ class Limits:
 
 def model_limits(model) -> Limits:
     """The smallest limits over the stages of ``model`` (None where nothing bounds them)."""
-    described = model.describe()
-
-    def smallest(key: str) -> int | None:
-        values = [d.get(key) for d in described if d.get(key) is not None]
-        return min(values) if values else None
-
-    return Limits(batch=smallest("batch_limit"), call=smallest("call_limit"), sequence=model.sequence_limit(),
+    batches = [d["batch_limit"] for d in model.describe() if d.get("batch_limit") is not None]
+    return Limits(batch=min(batches) if batches else None, call=model.call_limit(), sequence=model.sequence_limit(),
                   pages=model.pages.limit, page=model.pages.page)
 
 

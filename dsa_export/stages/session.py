@@ -407,7 +407,16 @@ class PipelineSession(Session):
 
     def sequence_limit(self) -> int | None:
         """The most tokens a sequence may hold in every stage (the smallest stage limit)."""
-        limits = [d.get("sequence_limit") for d in self.describe() if d.get("sequence_limit") is not None]
+        return self._smallest("sequence_limit")
+
+    def call_limit(self) -> int | None:
+        """The most tokens per row one call of every stage takes (the smallest of the stages'
+        prefill profiles' ``sequence`` max: ``build --prefill-chunk``); None when nothing bounds it.
+        Longer prompts are fed in calls of at most this many tokens."""
+        return self._smallest("call_limit")
+
+    def _smallest(self, key: str) -> int | None:
+        limits = [d.get(key) for d in self.describe() if d.get(key) is not None]
         return min(limits) if limits else None
 
     def close(self) -> None:
