@@ -16,8 +16,9 @@ with the session opened once, in this process, and reported:
   memory bandwidth measured here (a large numpy copy);
 * peak resident-set growth of the whole generation (/proc high-water mark).
 
-With --eager-contexts, transformers' eager model (the checkpoint in float32) decodes from the same
-prompt at those lengths for comparison, alternated with ours ``--rounds`` times (default 3) so that
+With --eager-contexts, transformers' model (the checkpoint in float32, PyTorch eager mode, its
+attention ``--eager-attention``: ``eager`` by default, ``sdpa`` is transformers' own default) decodes
+from the same prompt at those lengths for comparison, alternated with ours ``--rounds`` times (default 3) so that
 the machine's drift meets both alike; the ratio reported is the median of the rounds' ratios. Figures are medians of one run on a noisy machine: read
 the ratios, not the absolute numbers.
 """
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager-contexts", default="", help="contexts at which transformers eager runs too")
     parser.add_argument("--rounds", type=int, default=3,
                         help="at --eager-contexts: alternate ours and eager this many times, report the median ratio")
+    parser.add_argument("--eager-attention", choices=("eager", "sdpa"), default="eager",
+                        help="transformers' attn_implementation for the comparison (eager: its plain PyTorch "
+                             "attention; sdpa: torch's scaled_dot_product_attention, transformers' default)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--prefill-chunk", type=int, default=None,
                         help="paged graphs: feed each prompt in calls of at most N tokens")
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import transformers
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            args.checkpoint, dtype=torch.float32, attn_implementation=args.eager_attention).eval()
 
     def ours_round(prompt) -> tuple[object, float, int]:
         """One generate over ``prompt``: its result, median decode step (s) and peak RSS growth."""
@@ -158,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         times: list[float] = []
         with torch.no_grad():
             out = model(torch.from_numpy(prompt), use_cache=True)
-            past = out.past_key_values
+            past = out.cache
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             for _ in range(args.new_tokens - 1):
                 began = time.perf_counter()
-                out = model(token, past_key_values=past, use_cache=True)
+                out = model(token, cache=past, use_cache=True)
                 times.append(time.perf_counter() - began)
-                past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+                past, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
         return statistics.median(times)
 
     rows, eager = [], []
@@ -203,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             if eager_steps:
                 step = statistics.median(eager_steps)
                 ratio = statistics.median(ratios)
-                eager.append({"context": context, "decode_tokens_per_s": b / step, "rounds": rounds,
+                eager.append({"context": context, "attn_implementation": args.eager_attention,
+                              "decode_tokens_per_s": b / step, "rounds": rounds,
                               "ratio_median": ratio, "ratios": ratios,
                               "ours_steps_s": ours_steps, "eager_steps_s": eager_steps})
-                print(f"L={context:6d}  transformers eager decode {b / step:8.2f} tok/s (bound {decode_bound:8.1f}); "
+                print(f"L={context:6d}  transformers ({args.eager_attention} attention) decode {b / step:8.2f} tok/s (bound {decode_bound:8.1f}); "
                       f"ours {ratio:.1f}x (median of {rounds} alternated rounds: "
                       f"{', '.join(f'{r:.1f}' for r in ratios)})", flush=True)
     finally:
