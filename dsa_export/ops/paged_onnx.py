@@ -166,7 +166,13 @@ def _selected_pool_rows(t: Body, row: str, capacity: str, page: str, block_ids: 
                         n_pages: str, hkv: str, kv_heads: str) -> tuple[str, str]:
     """A chunk's selected logical positions (``indices`` at query rows ``row``) as rows of the pools
     viewed as ``[P*page*Hkv, ...]`` tables: ``valid [B,rows,K]`` (the index is in range and its page
-    entry names a pool page) and ``table_rows [B,rows,Hkv,K]`` (pool row 0 for skipped slots)."""
+    entry names a pool page) and ``table_rows [B,rows,Hkv,K]``.
+
+    A skipped slot reads the pool row of its query row's first valid slot: a key the query attends
+    anyway, so the gathered rows hold nothing a probability of 0 could turn into NaN (0 x NaN)
+    and need no masking copy (the masking ``Where`` over ``[B,rows,Hkv,K,D]`` cost as much as the
+    gather itself at decode). A query row with no valid slot reads pool row 0, whatever it holds:
+    its output is set to zeros by a ``Where`` at the end."""
     idx = t("Cast", t("Gather", "indices", row, axis=1), to=I64)  # [B,rows,K] logical positions
     in_range = t("And", t("GreaterOrEqual", idx, t.const(0)), t("Less", idx, capacity))
     logical = t("Where", in_range, idx, t.const(0))
@@ -174,7 +180,10 @@ def _selected_pool_rows(t: Body, row: str, capacity: str, page: str, block_ids: 
     page_id = t("Gather", block_ids, t("Add", block, batch_offset), axis=0)  # [B,rows,K]
     valid = t("And", in_range, t("And", t("GreaterOrEqual", page_id, t.const(0)), t("Less", page_id, n_pages)))
     pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
-    pool_row = t("Unsqueeze", t("Where", valid, pool_row, t.const(0)), t.const([2]))  # [B,rows,1,K]
+    safe = t("Where", valid, pool_row, t.const(0))  # [B,rows,K]
+    first = t("ArgMax", t("Cast", valid, to=I32), axis=-1, keepdims=1, select_last_index=0)  # [B,rows,1]
+    pool_row = t("Where", valid, safe, t("GatherElements", safe, first, axis=2))
+    pool_row = t("Unsqueeze", pool_row, t.const([2]))  # [B,rows,1,K]
     return valid, t("Add", t("Mul", pool_row, hkv), kv_heads)
 
 
@@ -215,11 +224,9 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
     row = _chunk_rows(t, iteration, rows, offsets, last_row)
     valid, table_rows = _selected_pool_rows(t, row, capacity, page, block_ids, batch_offset, n_pages, hkv, kv_heads)
-    # Gathered straight in [B,rows,Hkv,K,Dk] order. Skipped slots read pool row 0, a page that may
-    # belong to no sequence: zero them, so that whatever it holds (NaN included) meets a
-    # probability of 0 as a 0.
-    valid5 = t("Unsqueeze", valid, t.const([2, 4]))  # [B,rows,1,K,1]
-    k_sel = t("Where", valid5, t("Cast", t("Gather", k_table, table_rows, axis=0), to=F32), t.const(0.0, F32))
+    # Gathered straight in [B,rows,Hkv,K,Dk] order (skipped slots read a row the query attends,
+    # see _selected_pool_rows).
+    k_sel = t("Cast", t("Gather", k_table, table_rows, axis=0), to=F32)
     q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])
     logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
                t.ref("scale", AttributeProto.FLOAT))  # [B,rows,Hkv,G,K]
@@ -231,12 +238,12 @@ def sparse_attention_paged_function(opset: int) -> FunctionProto:
     from_k = t("Pad", from_k, pad_to_dv)  # [.., G, Dv] (wider only when value pages carry Dv > Dk)
     # Value pages: K gathered value rows per query (0 when the values come from the keys).
     v_rows = t("Slice", table_rows, t.const([0]), v_slots, t.const([3]))  # [B,rows,Hkv,K or 0]
-    v_sel = t("Gather", v_table, v_rows, axis=0)  # [B,rows,Hkv,K or 0,Dv]
-    v_sel = t("Where", t("Slice", valid5, t.const([0]), v_slots, t.const([3])), t("Cast", v_sel, to=F32),
-              t.const(0.0, F32))
+    v_sel = t("Cast", t("Gather", v_table, v_rows, axis=0), to=F32)  # [B,rows,Hkv,K or 0,Dv]
     from_v = t("MatMul", t("Slice", probs, t.const([0]), v_slots, t.const([4])), v_sel)  # [..,G,Dv], 0 if K=0
-    any_valid = t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1)  # [B,rows,1,1,1]
-    chunk_out = t("Reshape", t("Mul", t("Add", from_k, from_v), any_valid), out_shape)  # [B,rows,H,Dv]
+    any_valid = t("Cast", t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1),
+                  to=TensorProto.BOOL)  # [B,rows,1,1,1]
+    chunk_out = t("Reshape", t("Where", any_valid, t("Add", from_k, from_v), t.const(0.0, F32)),
+                  out_shape)  # [B,rows,H,Dv]
     stacked = _loop(b, t, iteration, cond, chunk_out, F32, 4, trips)
     b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
     b.rename_last("out")
@@ -351,10 +358,8 @@ def sparse_attention_paged_fp8_function(opset: int, codes: str = "gather") -> Fu
     scales = t("Unsqueeze", t("Gather", scale_table, table_rows, axis=0), t.const([5]))
     nope = t("Reshape", t("Mul", t("Reshape", values, scaled_shape, allowzero=1), scales), nope_shape, allowzero=1)
     rope_sel = t("Cast", t("Gather", rope_table, table_rows, axis=0), to=F32)
-    # Skipped slots read pool row 0, a page that may belong to no sequence: zero them, so that
-    # whatever it holds (NaN codes or scales included) meets a probability of 0 as a 0.
-    valid5 = t("Unsqueeze", valid, t.const([2, 4]))  # [B,rows,1,K,1]
-    k_sel = t("Where", valid5, t("Concat", nope, rope_sel, axis=4), t.const(0.0, F32))  # [B,rows,Hkv,K,C+R]
+    # Skipped slots read a row the query attends (see _selected_pool_rows).
+    k_sel = t("Concat", nope, rope_sel, axis=4)  # [B,rows,Hkv,K,C+R]
     q_c = t("Transpose", t("Reshape", t("Gather", qf, row, axis=1), q_group_shape), perm=[0, 1, 2, 4, 3])
     logits = t("Mul", t("Transpose", t("MatMul", k_sel, q_c), perm=[0, 1, 2, 4, 3]),
                t.ref("scale", AttributeProto.FLOAT))  # [B,rows,Hkv,G,K]
@@ -363,8 +368,9 @@ def sparse_attention_paged_fp8_function(opset: int, codes: str = "gather") -> Fu
     # Values are the first C channels: probabilities times the whole key rows, then the first C
     # channels of the small [.., G, C+R] result (no copy of the selected rows).
     attended = t("Slice", t("MatMul", probs, k_sel), t.const([0]), width_1d, t.const([4]))  # [..,G,C]
-    any_valid = t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1)  # [B,rows,1,1,1]
-    chunk_out = t("Reshape", t("Mul", attended, any_valid), out_shape)  # [B,rows,H,C]
+    any_valid = t("Cast", t("ReduceMax", t("Cast", valid_c, to=F32), t.const([-1]), keepdims=1),
+                  to=TensorProto.BOOL)  # [B,rows,1,1,1]
+    chunk_out = t("Reshape", t("Where", any_valid, attended, t.const(0.0, F32)), out_shape)  # [B,rows,H,C]
     stacked = _loop(b, t, iteration, cond, chunk_out, F32, 4, trips)
     b("CastLike", _unchunk(b, stacked, 4, s_len), "q")
     b.rename_last("out")
