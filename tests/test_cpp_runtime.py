@@ -513,7 +513,7 @@ int main(int argc, char** argv)
     int count = 0;
     /* Every entry point refuses a null handle with -1 and a sentence. */
     if (dsa_runtime_submit(NULL, ids, lengths, 1, slots) != -1 || dsa_runtime_step(NULL, slots, 4, &count) != -1
-        || strstr(dsa_runtime_error(NULL), "null") == NULL)
+        || dsa_runtime_set_chunking(NULL, 64, 256) != -1 || strstr(dsa_runtime_error(NULL), "null") == NULL)
     {
         return 4;
     }

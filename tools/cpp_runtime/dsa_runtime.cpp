@@ -132,6 +132,17 @@ public:
         return first.slots;
     }
 
+    void setChunking(int64_t prefillChunk, int64_t stepTokens)
+    {
+        if (prefillChunk < 0 || stepTokens < 0)
+        {
+            throw std::invalid_argument("the prefill chunk and the step's token budget must be 0 (the default) or "
+                "more tokens; got " + std::to_string(prefillChunk) + " and " + std::to_string(stepTokens) + ".");
+        }
+        mPrefillChunk = prefillChunk;
+        mStepTokens = stepTokens;
+    }
+
     void setSampling(int slot, SamplingParams const& params)
     {
         if (!mScheduler.live(slot))
@@ -301,6 +312,11 @@ void Runtime::setSampling(int slot, SamplingParams const& sampling)
     mImpl->setSampling(slot, sampling);
 }
 
+void Runtime::setChunking(int64_t prefillChunk, int64_t stepTokens)
+{
+    mImpl->setChunking(prefillChunk, stepTokens);
+}
+
 bool Runtime::deviceSampling() const
 {
     return mImpl->deviceSampling();
@@ -464,6 +480,11 @@ int dsa_runtime_step(dsa_runtime* runtime, int* slots, int capacity, int* count)
         std::copy(got.begin(), got.end(), slots);
         *count = static_cast<int>(got.size());
     });
+}
+
+int dsa_runtime_set_chunking(dsa_runtime* runtime, int64_t prefill_chunk, int64_t step_tokens)
+{
+    return guarded(runtime, [&](dsa::Runtime& r) { r.setChunking(prefill_chunk, step_tokens); });
 }
 
 int dsa_runtime_prefill_sampled(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count,

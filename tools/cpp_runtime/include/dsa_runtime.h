@@ -115,6 +115,10 @@ public:
     //! Change how the sequence in ``slot`` chooses its next tokens (its draws keep counting).
     void setSampling(int slot, SamplingParams const& sampling);
 
+    //! Change RuntimeOptions::prefillChunk and RuntimeOptions::stepTokens for the calls to come
+    //! (0: the default; a serving loop may tighten the step budget when many sequences generate).
+    void setChunking(int64_t prefillChunk, int64_t stepTokens);
+
     //! One token for every live sequence; returns their slots, in order.
     std::vector<int> decode();
 
@@ -176,6 +180,8 @@ int dsa_runtime_decode(dsa_runtime* runtime, int* slots, int capacity, int* coun
 int dsa_runtime_submit(dsa_runtime* runtime, int64_t const* ids, int64_t const* lengths, int count, int* slots);
 //! Runtime::step: the slots that got a token into ``slots`` (room for ``capacity``), their count into ``count``.
 int dsa_runtime_step(dsa_runtime* runtime, int* slots, int capacity, int* count);
+//! Runtime::setChunking: prompt tokens per row and prefill call, and a step's rows x tokens (0: defaults).
+int dsa_runtime_set_chunking(dsa_runtime* runtime, int64_t prefill_chunk, int64_t step_tokens);
 int dsa_runtime_release(dsa_runtime* runtime, int slot);
 //! The last chosen token of ``slot`` into ``token``.
 int dsa_runtime_token(dsa_runtime const* runtime, int slot, int64_t* token);
