@@ -180,6 +180,10 @@ class _Build:
         start = time.perf_counter()
         try:
             result = fn()
+            # An interrupt whose KeyboardInterrupt a library swallowed (raised inside a finalizer
+            # or a callback: Python prints "Exception ignored" and goes on) still set the flag:
+            # the build stops here, before the next step and before anything is installed.
+            interrupts.raise_if_cancelled()
         except BaseException:
             self.steps.append(StepRecord(name, "failed", time.perf_counter() - start, ""))
             raise

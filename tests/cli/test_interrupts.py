@@ -173,3 +173,34 @@ def test_a_failure_after_a_signal_is_an_interruption(monkeypatch, capsys):
     assert exit_info.value.code == interrupts.EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert "Interrupted; no partial output was kept." in err and "Internal error" not in err and "Error:" not in err
+
+
+def test_an_interrupt_a_library_swallowed_still_stops_the_build(exported, tmp_path, monkeypatch):
+    # The CI run of this file once saw a build take SIGTERM during validation and finish with exit
+    # 0: the KeyboardInterrupt was raised where a library swallows it (a finalizer). The flag the
+    # handler sets first stops the build at the end of that step; nothing is installed.
+    from dsa_export import interrupts
+    from dsa_export.artifact import BuildSettings, build
+    from dsa_export.artifact import builder as artifact_builder
+
+    seen = []
+
+    def step(self, name, fn):
+        if name == "validate":
+            def swallowed():
+                interrupts._cancel.set()  # what the signal handler does before it raises
+                seen.append(name)
+                return artifact_builder.StepResult("done", "validated (interrupt swallowed)")
+            return original(self, name, swallowed)
+        return original(self, name, fn)
+
+    original = artifact_builder._Build.step
+    monkeypatch.setattr(artifact_builder._Build, "step", step)
+    out = tmp_path / "built"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build(BuildSettings(model=str(exported["plugin"]), output=out, backend="onnxruntime"), log=lambda _: None)
+    finally:
+        interrupts._cancel.clear()
+    assert seen == ["validate"]
+    assert not out.exists() and not any(p.name.startswith(".built") for p in tmp_path.iterdir())
