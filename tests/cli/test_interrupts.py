@@ -26,6 +26,16 @@ ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 5.0
 
 
+@pytest.fixture(autouse=True)
+def _no_interrupt_left_behind():
+    """Tests here set the process's interrupt flag; no later test may find it set (a build checks it
+    after every step)."""
+    from dsa_export import interrupts
+
+    yield
+    interrupts._cancel.clear()
+
+
 @dataclass
 class Scenario:
     name: str
@@ -197,10 +207,8 @@ def test_an_interrupt_a_library_swallowed_still_stops_the_build(exported, tmp_pa
     original = artifact_builder._Build.step
     monkeypatch.setattr(artifact_builder._Build, "step", step)
     out = tmp_path / "built"
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            build(BuildSettings(model=str(exported["plugin"]), output=out, backend="onnxruntime"), log=lambda _: None)
-    finally:
-        interrupts._cancel.clear()
+    interrupts._cancel.clear()  # the CLI's guard clears it per command
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildSettings(model=str(exported["plugin"]), output=out, backend="onnxruntime"), log=lambda _: None)
     assert seen == ["validate"]
     assert not out.exists() and not any(p.name.startswith(".built") for p in tmp_path.iterdir())
