@@ -24,8 +24,9 @@ _DTYPES = ["auto", *DTYPE_BYTES]
                                 "stage.")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="auto", show_default=True,
               help="Weights as an export with --dtype writes them; auto keeps the checkpoint's (FP8 stays FP8).")
-@click.option("--cache-dtype", type=click.Choice(_DTYPES), default="auto", show_default=True,
-              help="Decode cache dtype; auto follows the activations (bf16 for FP8/bf16 checkpoints).")
+@click.option("--cache-dtype", type=click.Choice([*_DTYPES, "fp8"]), default="auto", show_default=True,
+              help="Decode cache dtype; auto follows the activations (bf16 for FP8/bf16 checkpoints); fp8: the "
+                   "paged graph's FP8 pools (--graph paged; build --kv-cache-dtype fp8).")
 @click.option("--reserve", default="2GiB", show_default=True, metavar="SIZE",
               help="Per-GPU reserve for the CUDA context, TensorRT scratch and allocator slack.")
 @click.option("--graph", type=click.Choice(["decode", "paged"]), default="decode", show_default=True,

@@ -62,6 +62,20 @@ def parse_size(text: str | int, what: str = "size", *, allow_zero: bool = False)
     return int(value)
 
 
+def check_prefill_chunk(chunk: int | None, graph: str | None, *, fix: str = "add --graph paged") -> int | None:
+    """``chunk`` (``None``: the whole prompt in one call), refused below 1 or outside paged graphs (a
+    decode graph's prefill takes the whole prompt); ``fix`` says what to add. The planner, stage
+    builds and generate share this rule."""
+    if chunk is None:
+        return None
+    if chunk < 1:
+        raise DSAUsageError(f"--prefill-chunk must be at least 1; got {chunk}.")
+    if graph != "paged":
+        raise DSAUsageError(f"--prefill-chunk needs a paged graph (a decode graph's prefill takes the whole prompt); "
+                            f"{fix}.")
+    return chunk
+
+
 def format_gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f} GiB"
 

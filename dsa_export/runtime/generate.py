@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.hf.sizes import check_prefill_chunk
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ class SamplingSettings:
     prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
-        if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            raise DSAUsageError(f"--prefill-chunk must be at least 1; got {self.prefill_chunk}.")
+        check_prefill_chunk(self.prefill_chunk, "paged")  # the graph is checked when it is known
         if self.max_new_tokens < 1:
             raise DSAUsageError(f"--max-new-tokens must be at least 1; got {self.max_new_tokens}.")
         if self.temperature < 0:
@@ -237,8 +237,7 @@ def generate(model, prompt_ids, settings: SamplingSettings = SamplingSettings(),
         raise DSAUserError(f"the prompts have different lengths ({', '.join(str(row.size) for row in rows)} tokens) "
                            "and this decode graph takes one length per batch; export it with --graph paged, or give "
                            "prompts of one length.")
-    if settings.prefill_chunk is not None:
-        raise DSAUsageError("--prefill-chunk needs a paged graph (export with --graph paged).")
+    check_prefill_chunk(settings.prefill_chunk, "decode", fix="export with --graph paged")
     prompt = np.stack(rows)
     notes: list[str] = []
     steps = _room(model, prompt.shape[1], settings.max_new_tokens, notes)

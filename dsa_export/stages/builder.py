@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from dsa_export import __version__
 from dsa_export.artifact.settings import BuildSettings
 from dsa_export.errors import DSAUsageError, DSAUserError
+from dsa_export.hf.sizes import check_prefill_chunk
 from dsa_export.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from dsa_export.stages.plan import DEFAULT_MAX_SEQ
 from dsa_export.stages.record import PIPELINE_NAME, Pipeline, read_pipeline
@@ -89,8 +90,7 @@ def paged_profiles(max_batch: int, max_seq: int, page: int, opt_seq: int | None 
     fed in chunks of it, each reading the caches the earlier ones wrote."""
     if max_seq < 2:
         raise DSAUsageError(f"--max-seq must be at least 2 (a prompt and one generated token); got {max_seq}.")
-    if prefill_chunk is not None and prefill_chunk < 1:
-        raise DSAUsageError(f"--prefill-chunk must be at least 1; got {prefill_chunk}.")
+    check_prefill_chunk(prefill_chunk, "paged")
     opt = min(opt_seq or 128, max_seq - 1)
     longest = min(prefill_chunk or max_seq, max_seq)
     blocks = -(-max_seq // page)
@@ -188,9 +188,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         raise DSAUsageError(f"-o '{output}' is a file; -o takes a folder to build the stages into.")
     if output.is_dir() and any(output.iterdir()) and not (output / PIPELINE_NAME).is_file() and not settings.force:
         raise DSAUserError(f"{output} exists, is not empty and holds no stage build; choose another -o or pass --force.")
-    if prefill_chunk is not None and (model / "config.json").is_file() and graph != "paged":
-        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
-                            "add --graph paged.")
+    if (model / "config.json").is_file():
+        check_prefill_chunk(prefill_chunk, graph)
     if (model / PIPELINE_NAME).is_file():
         if stages is not None:
             raise DSAUsageError(f"{model} is already cut into stages; drop --stages (or give the checkpoint directory).")
@@ -216,9 +215,7 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
                            "(no config.json, no pipeline.json).")
     if any(spec.dtype == "uint8" and "_pool_" in spec.name for stage in exported.stages for spec in stage.inputs):
         _check_fp8_pool_backend(settings)
-    if prefill_chunk is not None and exported.graph != "paged":
-        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
-                            "build with --graph paged.")
+    check_prefill_chunk(prefill_chunk, exported.graph, fix="export the stages with --graph paged")
     if exported.graph not in ("decode", "paged"):
         raise DSAUserError(f"the stages in {export_folder} are {exported.graph} graphs; a stage build needs decode or "
                            "paged graphs (export them with --graph paged), so that generation can keep caches.")

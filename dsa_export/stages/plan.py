@@ -33,6 +33,7 @@ from dsa_export.hf.sizes import (  # noqa: F401  (re-exported: the planner's pub
     Geometry,
     LayerCosts,
     StagePlan,
+    check_prefill_chunk,
     format_gib,
     layer_costs,
     parse_size,
@@ -316,11 +317,9 @@ def plan_stages(
         raise DSAUsageError(f"--gpus {gpus} must be at least 1.")
     if graph not in ("prefill", "decode", "paged"):
         raise DSAUsageError(f"graph '{graph}' is not one of prefill, decode, paged.")
-    if prefill_chunk is not None and graph != "paged":
-        raise DSAUsageError("--prefill-chunk needs paged stages (a decode graph's prefill takes the whole prompt); "
-                            "add --graph paged.")
-    if prefill_chunk is not None and prefill_chunk < 1:
-        raise DSAUsageError(f"--prefill-chunk must be at least 1; got {prefill_chunk}.")
+    check_prefill_chunk(prefill_chunk, graph)
+    if cache_dtype == "fp8" and graph != "paged":
+        raise DSAUsageError("FP8 caches (--cache-dtype fp8) are stored in the paged graph's pools; add --graph paged.")
     count = _stage_count(stages, g.layers, gpus)
 
     shards, missing = ([], []) if opened or not directory else shard_files(directory)

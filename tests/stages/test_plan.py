@@ -496,6 +496,23 @@ def test_cli_plans_paged_stages_fed_in_chunks(v32_dir):
     assert result.returncode == 2 and "add --graph paged" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_plans_fp8_pools_of_paged_stages_only(v32_dir):
+    """--cache-dtype fp8 plans the paged graph's FP8 pools (656 + 132 bytes a token and layer
+    against bf16's 1152 + 256), and is refused for decode graphs, which keep caches in their dtype."""
+    result = cli(v32_dir, "--gpu-memory", "141GiB", "--max-seq", "131072", "--graph", "paged", "--cache-dtype", "fp8",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    fp8 = Plan.from_json(result.stdout)
+    assert fp8 == plan_stages(v32_dir, gpu_memory_bytes="141GiB", max_seq=131072, graph="paged", cache_dtype="fp8")
+    bf16 = plan_stages(v32_dir, gpu_memory_bytes="141GiB", max_seq=131072, graph="paged")
+    g = S.Geometry.from_config(V32)
+    assert S.layer_cache_bytes(g, 10, 1, 131072, S.FP8_CACHE) == 131072 * (656 + 132)
+    assert sum(s.cache_bytes for s in fp8.stages) == 2 * 61 * 131072 * (656 + 132)
+    assert sum(s.cache_bytes for s in bf16.stages) == 2 * 61 * 131072 * (1152 + 256)
+    result = cli(v32_dir, "--gpu-memory", "141GiB", "--cache-dtype", "fp8")
+    assert result.returncode == 2 and "add --graph paged" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_cli_too_few_stages_shows_the_table_then_fails(v32_dir, tmp_path):
     result = cli(v32_dir, "--gpu-memory", "141GiB", "--stages", "3")
     assert result.returncode == 1
