@@ -115,7 +115,13 @@ def on_cancel(hook: Callable[[], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """Interrupts wait until the block has finished and are raised at its end."""
+    """Interrupts wait until the block has finished and are raised at its end.
+
+    An interrupt that arrived before the block is raised on entry, even if its KeyboardInterrupt
+    never reached the command (a library swallowed it: a finalizer, a callback): the block is
+    where finished output is moved into place, so a command that went on after a swallowed
+    interrupt still installs nothing and exits 130."""
+    raise_if_cancelled()
     with _lock:
         _state["deferring"] += 1
     try:

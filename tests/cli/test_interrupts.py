@@ -212,3 +212,35 @@ def test_an_interrupt_a_library_swallowed_still_stops_the_build(exported, tmp_pa
         build(BuildSettings(model=str(exported["plugin"]), output=out, backend="onnxruntime"), log=lambda _: None)
     assert seen == ["validate"]
     assert not out.exists() and not any(p.name.startswith(".built") for p in tmp_path.iterdir())
+
+
+def test_an_interrupt_a_library_swallowed_installs_no_output(tmp_path):
+    """Every command moves finished output into place inside ``interrupts.deferred``: an interrupt
+    whose KeyboardInterrupt a library swallowed (only the flag is left) stops it there, and the
+    previous file or folder stays as it was."""
+    from dsa_export import interrupts
+    from dsa_export.artifact.output_folder import install
+    from dsa_export.fileio import atomic_output
+
+    target = tmp_path / "model.onnx"
+    target.write_text("previous")
+    interrupts._cancel.clear()
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output(target, extra_suffixes=(".data",)) as tmp:
+            tmp.write_text("new")
+            Path(str(tmp) + ".data").write_text("new weights")
+            interrupts._cancel.set()  # what the signal handler does before the raise a library swallowed
+    assert target.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+    folder, work = tmp_path / "built", tmp_path / ".built.work"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("previous")
+    work.mkdir()
+    (work / "manifest.json").write_text("new")
+    with pytest.raises(KeyboardInterrupt):
+        install(work, folder)
+    assert (folder / "manifest.json").read_text() == "previous" and (work / "manifest.json").read_text() == "new"
+    interrupts._cancel.clear()
+    with atomic_output(target) as tmp:  # and with the flag clear, output is installed as before
+        tmp.write_text("new")
+    assert target.read_text() == "new"
