@@ -12,7 +12,7 @@ import torch
 from dsa_export.errors import DSAUserError
 from dsa_export.export import ExportSettings, export_model, save_model
 from dsa_export.hf.loader import load_model
-from dsa_export.hf.model import DSAExportModel
+from dsa_export.hf.model import DSAExportModel, _per_head
 from dsa_export.hf.source import hf_reference
 from dsa_export.runtime.onnxrt import session
 from dsa_export.sources import resolve
@@ -297,3 +297,13 @@ def test_bad_checkpoints_get_one_sentence(tmp_path, checkpoints, setup, message)
 def test_layers_and_stages_options_need_a_hf_directory(tmp_path, flag):
     result = _cli("export", "-o", str(tmp_path / "x.onnx"), *flag)
     assert result.returncode == 2 and "Hugging Face model directories only" in result.stderr
+
+
+@pytest.mark.parametrize("b,s,h,k,n", [(2, 3, 4, 5, 6), (4, 1, 8, 128, 512), (1, 7, 1, 3, 2)])
+def test_per_head_products_are_the_broadcast_matmul(b, s, h, k, n):
+    """The absorbed MLA products (W_UK into the queries, W_UV into the output), written with the
+    weight as the left operand and all tokens of a head in one product, are the plain one."""
+    gen = torch.Generator().manual_seed(b * s + h)
+    x, w = torch.randn(b, s, h, k, generator=gen), torch.randn(h, k, n, generator=gen)
+    want = torch.matmul(x.transpose(1, 2), w).transpose(1, 2)
+    torch.testing.assert_close(_per_head(x, w), want, rtol=1e-5, atol=1e-5)
