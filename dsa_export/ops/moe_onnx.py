@@ -299,8 +299,7 @@ def _dense_or_sort(b: Body, n: str, k: str, e: str, m: str, hidden: str, expert_
     xt = then("Unsqueeze", then("Transpose", "x", perm=[1, 0]), then.const([0]))  # [1,H,N]
     gate, up = then("Split", then("Cast", then("MatMul", "gate_up", xt), to=F32), axis=1, num_outputs=2,
                     outputs=2)  # [E,I,N] each
-    hidden_act = then("CastLike", then("Mul", then("Mul", gate, then("Sigmoid", gate)), up), "x")  # SiLU(gate) * up
-    out = then("Cast", then("MatMul", "down", hidden_act), to=F32)  # [E,H,N]
+    hidden_act = then("Mul", then("Mul", gate, then("Sigmoid", gate)), up)  # SiLU(gate) * up, [E,I,N]
     # Routing weight of (row, expert): the sum over the row's slots naming it (a repeated expert's
     # weights summed, ids out of range nowhere), the prelude's merge rule.
     named = then("Equal", then("Unsqueeze", then("Cast", "topk_ids", to=I64), then.const([2])),
@@ -310,10 +309,14 @@ def _dense_or_sort(b: Body, n: str, k: str, e: str, m: str, hidden: str, expert_
                   then.const([1]), keepdims=0)  # [N,E]
     routed = then("Transpose", then("Unsqueeze", then("ReduceMax", then("Cast", named, to=I32), then.const([1]),
                                                       keepdims=0), then.const([2])), perm=[1, 2, 0])  # [E,1,N]
+    # The routing weight scales the activations before the down projection (the [E,I,N] tensor,
+    # smaller than the [E,H,N] output: I < H in DeepSeek-V3.2 and GLM-5), and an unrouted expert's
+    # activations become an exact 0, whatever they were, so it adds an exact 0.
     scaled = then("Where", then("Cast", routed, to=BOOL),
-                  then("Mul", out, then("Unsqueeze", then("Transpose", weight, perm=[1, 0]), then.const([1]))),
-                  then.const(0.0, F32))  # an unrouted expert adds an exact 0, whatever it computed
-    dense_rows = then("Transpose", then("ReduceSum", scaled, then.const([0]), keepdims=0), perm=[1, 0])  # [N,H]
+                  then("Mul", hidden_act, then("Unsqueeze", then("Transpose", weight, perm=[1, 0]), then.const([1]))),
+                  then.const(0.0, F32))  # [E,I,N]
+    out = then("Cast", then("MatMul", "down", then("CastLike", scaled, "x")), to=F32)  # [E,H,N]
+    dense_rows = then("Transpose", then("ReduceSum", out, then.const([0]), keepdims=0), perm=[1, 0])  # [N,H]
     slots = then("Unsqueeze", m, then.const([0]))
     no_slots = then("Expand", then.const([0]), slots)
     bucket_range = then("Range", then.const(0), then("Add", e, then.const(1)), then.const(1))

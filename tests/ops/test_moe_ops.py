@@ -413,6 +413,24 @@ def test_decode_sized_calls_multiply_the_stacks_in_place(n, k, e, dtype, dense, 
     np.testing.assert_allclose(_ort(model, feed).astype(np.float32), want, rtol=tol, atol=tol)
 
 
+def test_an_unrouted_expert_adds_an_exact_zero_on_the_dense_path():
+    """The dense path runs every expert over every row; one no row names, whose activations
+    overflow to inf, must add exactly 0 (an inf times a routing weight of 0 would be NaN)."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, e = 4, 2, 4
+    x = torch.randn(n, 16, generator=gen)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 1]], dtype=torch.int32)  # expert 3: nobody's
+    weights = torch.rand(n, k, generator=gen)
+    gate_up, down = experts(e, 8, 16, gen)
+    gate_up[3] = 1e30  # SiLU(gate) * up = inf for every row
+    feed = dict(zip(("x", "topk_ids", "topk_weights", "gate_up", "down"), _np(x, ids, weights, gate_up, down)))
+    model = moe_model(e, 8, 16, k)
+    use_moe_body(model, "dense")
+    got = _ort(model, feed)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, moe_experts_reference(*feed.values()), rtol=1e-5, atol=1e-5)
+
+
 def test_schemas_check_the_weight_types():
     model = moe_model(3, 4, 8, 2)
     onnx.checker.check_model(model, full_check=True)
