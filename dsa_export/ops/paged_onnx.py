@@ -121,7 +121,10 @@ def _indexer_paged(spec, b: Body, opset: int, pool: str, read_pages, spans: bool
     not_causal = b("Equal", b.ref("causal", AttributeProto.INT), b.const(0))
     neg_inf = b("Constant", value=helper.make_tensor("v", F32, [], [float("-inf")]))
     topk_1d = _one_d(b, topk)
-    pad = b("Expand", neg_inf, b("Concat", _one_d(b, batch), _one_d(b, rows), topk_1d, axis=0))  # [B,rows,topk]
+    # -inf columns only where a row has fewer than topk key positions (TopK needs topk values):
+    # none at decode past topk, where appending topk of them cost TopK a third more work.
+    short = _one_d(b, b("Max", b("Sub", topk, t_len), b.const(0)))
+    pad = b("Expand", neg_inf, b("Concat", _one_d(b, batch), _one_d(b, rows), short, axis=0))  # [B,rows,<=topk]
 
     t = b.child("chunk")
     iteration, cond = f"{t.prefix}_i", f"{t.prefix}_cond"
@@ -182,7 +185,7 @@ def _selected_pool_rows(t: Body, row: str, capacity: str, page: str, block_ids: 
     pool_row = t("Add", t("Mul", page_id, page), t("Sub", logical, t("Mul", block, page)))
     safe = t("Where", valid, pool_row, t.const(0))  # [B,rows,K]
     first = t("ArgMax", t("Cast", valid, to=I32), axis=-1, keepdims=1, select_last_index=0)  # [B,rows,1]
-    pool_row = t("Where", valid, safe, t("GatherElements", safe, first, axis=2))
+    pool_row = t("Where", valid, pool_row, t("GatherElements", safe, first, axis=2))
     pool_row = t("Unsqueeze", pool_row, t.const([2]))  # [B,rows,1,K]
     return valid, t("Add", t("Mul", pool_row, hkv), kv_heads)
 
