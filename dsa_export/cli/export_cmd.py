@@ -52,13 +52,17 @@ from dsa_export.export.settings import DTYPES, OPS_MODES, SUPPORTED_OPSETS
     stages_help="Hugging Face models: export pipeline stages (auto: the fewest that fit --gpu-memory; N: N "
                 "balanced stages), one decode-graph .onnx per stage (--graph paged or prefill for those graphs) plus "
                 "pipeline.json in the -o folder; resumable.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --stages --graph paged: the most prompt tokens per row one prefill call will take (as build "
+                   "--prefill-chunk): the plan sizes activations for one such call, and pipeline.json records N, which "
+                   "a later build of the folder uses unless given its own.")
 @click.option("--dequantize-fp8", is_flag=True,
               help="Hugging Face models stored in FP8: write the weights dequantized (in --dtype, default bf16) "
                    "for runtimes without FP8.")
 @json_options
 def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int, dtype: str | None, opset: int | None,
             graph: str | None, kv_cache_dtype: str, layers: str | None, stage_plan: StagePlanOptions,
-            dequantize_fp8: bool, as_json: bool, json_out: Path | None) -> None:
+            prefill_chunk: int | None, dequantize_fp8: bool, as_json: bool, json_out: Path | None) -> None:
     """Export MODEL to ONNX with DSA custom ops.
 
     MODEL is a built-in model name (default: tiny), path/file.py:factory, where factory()
@@ -85,10 +89,16 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
         raise DSAUsageError("--graph, --layers, --stages, --kv-cache-dtype and --dequantize-fp8 apply to Hugging Face "
                             "model directories only.")
     from dsa_export.hf.model import check_kv_cache
+    from dsa_export.hf.sizes import check_prefill_chunk
 
     kv_cache = check_kv_cache(kv_cache_dtype, graph)
     if stages is None and (gpu_memory or gpus):
         raise DSAUsageError("--gpu-memory and --gpus apply to --stages only.")
+    if prefill_chunk is not None and stages is None:
+        raise DSAUsageError("--prefill-chunk applies to stage exports of paged graphs (a single export's prefill "
+                            "length is its caller's); add --stages N --graph paged.")
+    if stages is not None:
+        check_prefill_chunk(prefill_chunk, graph or "decode")
     if stages is not None and layers:
         raise DSAUsageError("--layers and --stages exclude each other: a stage is a layer range the planner chooses.")
     if stages == "auto" and not gpu_memory:
@@ -105,7 +115,7 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
             raise DSAUsageError(f"-o '{output}' is a file; with --stages pass a folder.")
         check_output_path(output, "-o", folder=True, inside=True)
         _export_stages(Path(model), output, settings, stage_plan, graph or "decode", dequantize_fp8, kv_cache, start,
-                       as_json, json_out)
+                       as_json, json_out, prefill_chunk)
         return
     if output.is_dir():
         raise DSAUsageError(f"-o '{output}' is a folder; pass the .onnx file to write (or use --stages).")
@@ -145,13 +155,13 @@ def command(model: str | None, output: Path, ops: str, batch: int, seq_len: int,
 
 
 def _export_stages(model: Path, output: Path, settings, stage_plan: StagePlanOptions, graph, dequantize_fp8, kv_cache,
-                   start, as_json: bool, json_out: Path | None) -> None:
+                   start, as_json: bool, json_out: Path | None, prefill_chunk: int | None = None) -> None:
     from dsa_export.stages.export import StageExportSettings, export_stages, stage_table
 
     stage_settings = StageExportSettings(stages=stage_plan.stages, gpu_memory=stage_plan.gpu_memory,
                                          gpus=stage_plan.gpus, max_batch=stage_plan.max_batch,
-                                         max_seq=stage_plan.max_seq, graph=graph, dequantize_fp8=dequantize_fp8,
-                                         kv_cache=kv_cache,
+                                         max_seq=stage_plan.max_seq, graph=graph, prefill_chunk=prefill_chunk,
+                                         dequantize_fp8=dequantize_fp8, kv_cache=kv_cache,
                                          export=settings)
     pipeline, outcomes = export_stages(model, output, stage_settings)
     say(stage_table(outcomes), as_json)

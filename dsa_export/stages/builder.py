@@ -81,6 +81,17 @@ def decode_profiles(max_batch: int, max_seq: int, opt_seq: int | None = None) ->
     return prefill, decode
 
 
+def _recorded_prefill_chunk(exported: Pipeline, folder: Path) -> int | None:
+    """The ``--prefill-chunk`` a stage export was planned for (its plan in pipeline.json), or None."""
+    chunk = exported.plan.get("prefill_chunk")
+    if chunk is None:
+        return None
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise DSAUserError(f"{folder / PIPELINE_NAME} records a prefill chunk of {chunk!r}, not a positive whole "
+                           "number; export the stages again (or pass --prefill-chunk N).")
+    return chunk
+
+
 def paged_profiles(max_batch: int, max_seq: int, page: int, opt_seq: int | None = None,
                    prefill_chunk: int | None = None) -> tuple[Dims, Dims]:
     """(prefill, decode) min/opt/max of a paged graph's dims (batch, sequence, max_pages, pages):
@@ -197,6 +208,8 @@ def build_stages(model: str | Path, output: str | Path, settings: BuildSettings,
         exported = read_pipeline(model)
         if any(stage.build is not None for stage in exported.stages):
             raise DSAUsageError(f"{model} is a stage build, not a stage export; pass its export/ folder or the checkpoint.")
+        if prefill_chunk is None:  # the chunk the stages were planned for (export --prefill-chunk)
+            prefill_chunk = _recorded_prefill_chunk(exported, model)
     elif (model / "config.json").is_file():
         if stages is None:
             raise DSAUsageError("building a checkpoint as pipeline stages needs --stages auto|N.")

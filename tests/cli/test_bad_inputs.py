@@ -43,6 +43,7 @@ CASES: list[tuple[str, int, str]] = [
     ("export --batch 1 -o {w}/out/x.onnx", 2, "Invalid value"),
     ("export --opset 99 -o {w}/out/x.onnx", 2, "Invalid value"),
     ("export --stages 2 -o {w}/out/st", 2, "Hugging Face"),
+    ("export --prefill-chunk 8 -o {w}/out/x.onnx", 2, "applies to stage exports of paged graphs"),
     ("export --gpu-memory 80GiB -o {w}/out/x.onnx", 2, "--stages only"),
     ("export -o {w}/out/x.onnx --json-out /sys/r.json", 1, "cannot be written"),
     ("export", 2, "Missing option"),

@@ -343,6 +343,42 @@ def test_stage_export_plans_with_the_builds_prefill_chunk(checkpoints, tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_stage_export_records_its_prefill_chunk_for_the_build(checkpoints, tmp_path, monkeypatch):
+    """export --stages --graph paged --prefill-chunk N plans for N-token prefill calls and records N
+    in pipeline.json; a build of that folder sizes its prefill profile for N unless given its own
+    chunk; a recorded chunk that is not a positive number is refused."""
+    from dsa_export.artifact import BuildSettings
+    from dsa_export.stages import builder
+    from tests.stages.test_session import _cli
+
+    folder = tmp_path / "export"
+    ran = _cli("export", checkpoints["deepseek_v32"], "--stages", 2, "--graph", "paged", "--prefill-chunk", 32,
+               "--max-seq", 128, "-o", folder)
+    assert ran.exit_code == 0, ran.output
+    pipeline = json.loads((folder / "pipeline.json").read_text())
+    assert (pipeline["graph"], pipeline["plan"]["prefill_chunk"]) == ("paged", 32)
+    ran = _cli("export", checkpoints["deepseek_v32"], "--stages", 2, "--prefill-chunk", 32, "-o", tmp_path / "decode")
+    assert ran.exit_code == 2 and "add --graph paged" in ran.stderr and not (tmp_path / "decode").exists()
+
+    seen = []
+
+    def profiles(*args, prefill_chunk=None, **kwargs):
+        seen.append(prefill_chunk)
+        raise DSAUserError("profiled.")
+
+    monkeypatch.setattr(builder, "paged_profiles", profiles)
+    for chunk, expected in ((None, 32), (16, 16)):
+        with pytest.raises(DSAUserError, match="profiled"):
+            builder.build_stages(folder, tmp_path / "built", BuildSettings(backend="onnxruntime"), max_seq=128,
+                                 prefill_chunk=chunk, say=lambda line: None)
+        assert seen.pop() == expected
+    pipeline["plan"]["prefill_chunk"] = "32"
+    (folder / "pipeline.json").write_text(json.dumps(pipeline))
+    with pytest.raises(DSAUserError, match="records a prefill chunk of '32'"):
+        builder.build_stages(folder, tmp_path / "built", BuildSettings(backend="onnxruntime"), max_seq=128,
+                             say=lambda line: None)
+
+
 # -- splitting -------------------------------------------------------------------------------------
 
 def _random_config(rng: random.Random, n: int) -> dict:
