@@ -454,6 +454,7 @@ class EngineStep:
             "plugins_serialized": result.plugins_serialized,
             "strongly_typed": result.strongly_typed,
             "builder_flags": result.builder_flags,
+            "in_place_pools": result.in_place_pools,  # present pools written in place (DSAPagedCacheWrite)
             "optimization_level": s.optimization_level,
             "timing_cache": TIMING_CACHE_NAME if result.timing_cache else None,
             "timing_cache_reused": str(cache_in) if cache_in and result.timing_cache_reused else None,

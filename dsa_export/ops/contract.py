@@ -11,7 +11,9 @@ through a per-sequence block table, no plugin yet; ``DSAIndexerTopKPagedFP8``,
 the serving kernels' layouts), the block-sparse attention of the DSA articles
 (``DSABlockSparseAttention``: per-head lists of key blocks, see docs/ops.md) and the routed experts of a mixture-of-experts block (``DSAMoEExperts``, and ``DSAMoEExpertsFP8`` for
 DeepSeek's FP8 block-scaled expert weights: an ONNX function body cannot test whether an optional
-input is present, so the FP8 form is its own op).
+input is present, so the FP8 form is its own op), and the paged graph's cache write
+(``DSAPagedCacheWrite``: ScatterND of a call's tokens into a pool, which the TensorRT plugin does in
+place; only a TensorRT build puts it into a graph).
 """
 
 from __future__ import annotations
@@ -320,6 +322,29 @@ SPARSE_ATTENTION_PAGED_FP8 = OpSpec(
 )
 
 
+PAGED_CACHE_WRITE = OpSpec(
+    output_dims=_sizes.pool_dims,
+    name="DSAPagedCacheWrite",
+    doc=(
+        "The paged graph's cache write: present = pool with present[indices[b,s,0], indices[b,s,1], :] = "
+        "updates[b,s,:] for every (b, s) whose page lies in [0,P) and offset in [0,page); every other (b, s) "
+        "is skipped, and every other slot keeps pool's values. Tokens naming the same slot (only the padding "
+        "tokens on the scratch slot, page 0 offset 0) leave one of their values in each element. Its function "
+        "body is ONNX ScatterND(pool, indices, updates). Not emitted by the exporter: a TensorRT build with the "
+        "plugin library puts it in place of the ScatterND that writes a past_*_pool graph input into its "
+        "present_*_pool graph output (dsa_export.ops.paged_write_onnx), and the plugin writes the pool in place "
+        "(its output aliases input 0)."
+    ),
+    inputs=(
+        OpTensor("pool", "[P,page,W]", FLOAT_TYPES, type_var="T", doc="A cache pool (float32/float16/bfloat16)."),
+        OpTensor("indices", "[B,S,2]", ("tensor(int64)",), doc="(page, offset) of each new token."),
+        OpTensor("updates", "[B,S,W]", FLOAT_TYPES, type_var="T", doc="The new tokens' rows (pool's dtype)."),
+    ),
+    outputs=(OpTensor("present", "[P,page,W]", FLOAT_TYPES, type_var="T", doc="The pool with the tokens written."),),
+    attributes=(),
+)
+
+
 def block_count(length: int, block_size: int) -> int:
     """Blocks of ``block_size`` covering ``length`` positions (the last one may be partial).
 
@@ -404,7 +429,8 @@ MOE_EXPERTS_FP8 = OpSpec(
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (INDEXER_TOPK, SPARSE_ATTENTION, BLOCK_SPARSE_ATTENTION, MOE_EXPERTS, MOE_EXPERTS_FP8,
-                 INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED, INDEXER_TOPK_PAGED_FP8, SPARSE_ATTENTION_PAGED_FP8)
+                 INDEXER_TOPK_PAGED, SPARSE_ATTENTION_PAGED, INDEXER_TOPK_PAGED_FP8, SPARSE_ATTENTION_PAGED_FP8,
+                 PAGED_CACHE_WRITE)
 }
 
 #: The ops the plugin library registers a creator for (``has_plugin``): the plugin layers a

@@ -90,10 +90,12 @@ def function_protos(opset: int, *, fp8_body: str = "expert") -> list[FunctionPro
         sparse_attention_paged_fp8_function,
         sparse_attention_paged_function,
     )
+    from dsa_export.ops.paged_write_onnx import paged_cache_write_function
 
     functions = [indexer_function(opset), sparse_attention_function(opset), block_sparse_attention_function(opset),
                  moe_experts_function(opset), indexer_paged_function(opset), sparse_attention_paged_function(opset),
-                 indexer_paged_fp8_function(opset), sparse_attention_paged_fp8_function(opset)]
+                 indexer_paged_fp8_function(opset), sparse_attention_paged_fp8_function(opset),
+                 paged_cache_write_function(opset)]
     if opset >= MOE_EXPERTS_FP8.min_opset:
         functions.append(moe_experts_fp8_function(opset, fp8_body))
     return functions
@@ -179,7 +181,10 @@ def use_tensorrt_bodies(model) -> bool:
     exports may hold the trimmed ones), the stacked FP8 experts and the FP8-cache paged bodies
     that cast the uint8 code pool first (TensorRT takes uint8 only into a Cast, see
     :data:`dsa_export.ops.paged_onnx.FP8_CACHE_BODIES`). Returns whether any was swapped (both
-    parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call this before parsing)."""
+    parsers, :mod:`dsa_export.trt.rtx` and :mod:`dsa_export.trt.tensorrt`, call this before parsing).
+    The full-TensorRT build with the plugin library also turns the paged graph's pool writes into
+    in-place DSAPagedCacheWrite nodes (:func:`dsa_export.ops.paged_write_onnx.use_paged_cache_write`);
+    TensorRT-RTX, which has no plugins, keeps their ScatterND."""
     from dsa_export.ops.attention_onnx import use_attention_body
     from dsa_export.ops.moe_onnx import use_fp8_body
     from dsa_export.ops.paged_onnx import use_fp8_cache_bodies, use_whole_row_indexer

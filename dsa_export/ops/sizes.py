@@ -100,6 +100,11 @@ def experts_dims(dims: list[Dims], attrs: dict[str, Any]) -> list[Any]:
     return list(dims[0])
 
 
+def pool_dims(dims: list[Dims], attrs: dict[str, Any]) -> list[Any]:
+    """``present [P, page, W]``: the pool's shape (a cache write returns the pool it writes)."""
+    return list(dims[0])
+
+
 # -- working memory ---------------------------------------------------------------------------------
 
 def indexer_bytes(shapes: Shapes, attrs: dict[str, Any]) -> int:

@@ -17,8 +17,9 @@ from dsa_export.plugins.library import require_library
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-ABI_VERSION = 5  # 3: dsa_sparse_attention takes a NULL v as values from keys; 4: dsa_block_sparse_attention;
-#                  5: the serving kernels (paged caches, FP8 caches, split-KV decode, sampling)
+ABI_VERSION = 6  # 3: dsa_sparse_attention takes a NULL v as values from keys; 4: dsa_block_sparse_attention;
+#                  5: the serving kernels (paged caches, FP8 caches, split-KV decode, sampling);
+#                  6: dsa_paged_cache_write
 
 #: Kernel families of ``dsa_moe_experts`` (``dsa_moe_experts_path``'s codes).
 MOE_PATHS = {0: "generic", 1: "tensor-core-16", 2: "tensor-core-64", 3: "tensor-core-128"}
@@ -109,6 +110,8 @@ class KernelLibrary:
         lib.dsa_indexer_topk_set_select_mode.argtypes = [_c_i32]
         lib.dsa_indexer_topk_set_fp8_mma.restype = _c_i32
         lib.dsa_indexer_topk_set_fp8_mma.argtypes = [_c_i32]
+        lib.dsa_paged_cache_write.restype = _c_i32  # ABI 6
+        lib.dsa_paged_cache_write.argtypes = [_c_ptr] * 3 + [_c_i64] * 5 + [_c_i32, _c_ptr]
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -640,6 +643,26 @@ class KernelLibrary:
                 out.data_ptr(), *tail)
             self._check(status, "dsa_indexer_topk_paged")
         return out
+
+    # -- paged cache write (ABI 6) ---------------------------------------------------------------------
+    def paged_cache_write(self, pool: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+        """DSAPagedCacheWrite: ``pool [P,page,W]`` with ``updates [B,S,W]`` written at ``indices [B,S,2]``
+        (page, offset; rows out of range skipped), in place; returns the pool written (a pool the
+        library cannot write where it lies, e.g. a non-contiguous one, is written through a copy)."""
+        import torch
+
+        P, page, W = pool.shape
+        B, S = indices.shape[:2]
+        if indices.shape != (B, S, 2) or updates.shape != (B, S, W) or updates.dtype != pool.dtype:
+            raise ValueError(f"expected pool [P,page,W], indices [B,S,2] and updates [B,S,W] of pool's dtype; got "
+                             f"pool {tuple(pool.shape)}, indices {tuple(indices.shape)}, updates "
+                             f"{tuple(updates.shape)} {updates.dtype}")
+        pool, updates = self._staged(pool), self._staged(updates)
+        idx = self._staged(indices.to(device=pool.device, dtype=torch.int64))
+        status = self._lib.dsa_paged_cache_write(pool.data_ptr(), idx.data_ptr(), updates.data_ptr(), B, S, P, page, W,
+                                                 self.dtype_code(pool.dtype), self._stream(pool.device))
+        self._check(status, "dsa_paged_cache_write")
+        return pool
 
 
 _loaded: dict[Path, KernelLibrary] = {}

@@ -11,8 +11,10 @@ call's tokens written (``present_*``), and reads each row's tokens through ``blo
 * :class:`StagePools` (one per stage) holds that stage's pools, allocated once and grown
   geometrically when a block table names a page past their end. On ONNX Runtime's CPU provider the
   pools are OrtValues bound as the ``past`` input **and** the ``present`` output of the same call
-  (IO binding): ScatterND then writes only the new tokens' rows (docs/cache_update.md). Other
-  runtimes return the written pools as new buffers, which replace the old ones.
+  (IO binding): ScatterND then writes only the new tokens' rows (docs/cache_update.md). A TensorRT
+  engine whose pools are written in place (the DSAPagedCacheWrite plugin, which the engine reports
+  through ``get_aliased_input_tensor``) gets each pool's device buffer as input and output alike.
+  Other runtimes return the written pools as new buffers, which replace the old ones.
 """
 
 from __future__ import annotations
@@ -165,7 +167,9 @@ class StagePools:
         presents = {PRESENT + name[len(PAST):]: name for name in self.specs}
         resident = getattr(self.session, "run_resident", None)
         if resident is not None:
-            out = resident({**feeds, **self.values}, set(presents), alias=presents if self.in_place else None)
+            # Each present pool into its past pool's buffer where the session can (ONNX Runtime's CPU
+            # provider through IO binding, an engine that reports the pair as aliased); else a new buffer.
+            out = resident({**feeds, **self.values}, set(presents), alias=presents)
         else:
             out = self.session.run({**feeds, **self.values})
         for present, name in presents.items():

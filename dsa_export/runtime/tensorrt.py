@@ -6,7 +6,8 @@ plugin library is registered (TensorRT only, once per process; TensorRT-RTX has 
 version-compatible plan that carries the library loads it itself), the engine is deserialized
 and an execution context created. Each run checks the input shapes against the manifest's
 optimization profiles, selects the first profile that holds them, sets the shapes on the
-context, allocates inputs and outputs as torch CUDA tensors, and enqueues with
+context, allocates inputs and outputs as torch CUDA tensors (an output the engine writes in place
+into an input, ``get_aliased_input_tensor``, is bound to that input's buffer), and enqueues with
 ``execute_async_v3`` on a dedicated CUDA stream.
 
 Everything (the runtime, deserialization, the context, the stream, each run) happens with the
@@ -71,6 +72,17 @@ def manifest_profiles(manifest: Manifest) -> list[dict[str, tuple[int, int, int]
     return manifest.profile_sets
 
 
+def engine_aliases(engine, inputs: list[str], outputs: list[str]) -> dict[str, str]:
+    """``{output: input}`` pairs ``engine`` writes in place (``ICudaEngine::getAliasedInputTensor``,
+    in the Python API from TensorRT 10.15; an engine of an older one reports none), each bound to one
+    address when the engine runs."""
+    query = getattr(engine, "get_aliased_input_tensor", None)
+    if query is None:
+        return {}
+    pairs = {name: query(name) for name in outputs}
+    return {name: source for name, source in pairs.items() if source and source in inputs}
+
+
 def _describe(dims: dict[str, tuple[int, int, int]]) -> str:
     return ", ".join(f"{name} {lo}..{hi}" for name, (lo, _opt, hi) in dims.items()) or "fixed shapes"
 
@@ -99,6 +111,8 @@ class EngineSession(Session):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.output_names = [n for n in names if n not in self.input_names]
+        #: ``{output: input}`` the engine writes in place: both must be bound to one address.
+        self.aliased = engine_aliases(engine, self.input_names, self.output_names)
 
     @classmethod
     def open(cls, path: Path, manifest: Manifest, device: int = 0, probe=None) -> EngineSession:
@@ -169,15 +183,19 @@ class EngineSession(Session):
         ``keep`` stay there as torch tensors, the others come back as numpy. Host inputs are
         checked as :meth:`run` checks them; device ones are the engine's own earlier outputs.
 
-        ``alias`` is not honoured: TensorRT's scatter layer (the paged graph's cache write) does not
-        alias its input, so each written pool comes back in its own buffer (only the
-        IKVCacheUpdateLayer and plugins declaring an aliased input may share one)."""
+        ``alias`` ``{output: input}``: where the engine reports the same pair (:attr:`aliased`, from
+        ``get_aliased_input_tensor``: the DSAPagedCacheWrite plugin of a build with the plugin
+        library on TensorRT 10.3+, or TensorRT's IKVCacheUpdateLayer) the output is bound to the
+        buffer fed as that input and written in place: a device tensor fed there holds the output
+        afterwards, and the output returned is that tensor. A pair the engine does not report comes
+        back in its own buffer (TensorRT's scatter layer copies the pool into it), as does
+        everything on a TensorRT without ``get_aliased_input_tensor`` (before 10.15)."""
         from dsa_export.manifest import check_feeds
 
         host = {name: value for name, value in feeds.items() if not self.torch.is_tensor(value)}
         host = check_feeds([spec for spec in self.inputs if spec.name in host], host, "the model")
         with self.torch.cuda.device(self.device_index):
-            return self._run_on_device({**feeds, **host}, keep)
+            return self._run_on_device({**feeds, **host}, keep, alias or {})
 
     def _use_profile(self, index: int) -> None:
         if index == self.active_profile:
@@ -193,17 +211,22 @@ class EngineSession(Session):
                                "see the log above.")
         self.active_profile = index
 
-    def _run_on_device(self, feeds: dict[str, Any], resident: set[str] = frozenset()) -> dict[str, Any]:
+    def _run_on_device(self, feeds: dict[str, Any], resident: set[str] = frozenset(),
+                       alias: dict[str, str] | None = None) -> dict[str, Any]:
         torch = self.torch
         engine, context = self.engine, self.context
         # The shape and address calls below apply to the profile selected here.
         self._use_profile(self.select_profile({name: tuple(value.shape) for name, value in feeds.items()}))
-        keep = []
+        in_place = {source: name for name, source in self.aliased.items()}  # input -> the output written into it
+        bound = {}
         for name in self.input_names:
             value = feeds[name]
             tensor = (value if torch.is_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))).to(
                 self.device, torch_dtype(torch, engine.get_tensor_dtype(name)))
-            keep.append(tensor)
+            if name in in_place and torch.is_tensor(value) and tensor.data_ptr() == value.data_ptr() \
+                    and (alias or {}).get(in_place[name]) != name:
+                tensor = tensor.clone()  # the engine writes this input: a device tensor fed unasked stays as it was
+            bound[name] = tensor
             if not context.set_input_shape(name, tuple(tensor.shape)):
                 raise DSAUserError(f"the engine rejected shape {tuple(tensor.shape)} for input '{name}'.")
             self._set_address(name, tensor)
@@ -212,14 +235,20 @@ class EngineSession(Session):
             shape = tuple(context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
                 raise DSAUserError(f"the shape of output '{name}' is not known after setting the inputs ({shape}).")
-            out = torch.empty(shape, dtype=torch_dtype(torch, engine.get_tensor_dtype(name)), device=self.device)
+            if name in self.aliased:
+                out = bound[self.aliased[name]]  # written in place into the input's buffer
+                if tuple(out.shape) != shape:
+                    raise DSAUserError(f"the engine writes output '{name}' {shape} into input '{self.aliased[name]}' "
+                                       f"{tuple(out.shape)}, whose shape differs; rebuild the engine.")
+            else:
+                out = torch.empty(shape, dtype=torch_dtype(torch, engine.get_tensor_dtype(name)), device=self.device)
             self._set_address(name, out)
             outputs[name] = out
         self.stream.wait_stream(torch.cuda.current_stream(self.device))  # input copies finish first
         if not context.execute_async_v3(self.stream.cuda_stream):
             raise DSAUserError("TensorRT failed to enqueue the engine (see the log above).")
         self.stream.synchronize()
-        del keep
+        del bound
         return {name: t if name in resident else (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
                 for name, t in outputs.items()}
 
@@ -229,4 +258,4 @@ class EngineSession(Session):
                                "engine, or misaligned memory); see the log above.")
 
 
-__all__ = ["EngineSession", "manifest_profiles", "runtime_module"]
+__all__ = ["EngineSession", "engine_aliases", "manifest_profiles", "runtime_module"]

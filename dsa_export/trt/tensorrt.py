@@ -10,7 +10,11 @@ the node's local function has changed across releases (the function body wins fr
 the plugin from 10.7), so with the plugin library loaded the parser gets the file without the
 ``dsa`` function bodies: it builds the plugin or fails. The engine inspector's layer list then
 has to show one plugin layer per ``dsa`` node; a silent fallback to the O(S*T) bodies cannot pass.
-Without a plugin library the bodies are built. Nothing here imports TensorRT until a function is
+Without a plugin library the bodies are built. With it, the paged graph's float cache pools are
+written in place: each ScatterND that writes a ``past_*pool*`` input into its ``present_*pool*``
+output becomes a DSAPagedCacheWrite plugin layer whose output aliases the pool
+(:func:`use_in_place_pools`, ``PreviewFeature.ALIASED_PLUGIN_IO_10_03``, TensorRT 10.3+; older
+ones keep the ScatterND, with a warning). Nothing here imports TensorRT until a function is
 called, and a plugin library is loaded once per process (:func:`load_plugin_library`), so several
 stages can be built in one process.
 """
@@ -94,6 +98,9 @@ class TensorRTBuildResult:
     plugins_serialized: bool = False  # the plugin library is serialized into the plan (version compatible)
     builder_flags: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: The paged graph's present pools the engine writes in place (DSAPagedCacheWrite plugin layers,
+    #: each output aliased to its past pool, PreviewFeature.ALIASED_PLUGIN_IO_10_03 enabled).
+    in_place_pools: list[str] = field(default_factory=list)
 
 
 class _CapturingLogger:
@@ -177,6 +184,30 @@ def strip_dsa_functions(model: onnx.ModelProto) -> int:
         del model.functions[:]
         model.functions.extend(keep)
     return removed
+
+
+#: The preview feature that lets a plugin's output alias an input (TensorRT 10.3+).
+ALIASED_PLUGIN_IO = "ALIASED_PLUGIN_IO_10_03"
+
+
+def use_in_place_pools(trt, model: onnx.ModelProto, warnings: list[str]) -> list[str]:
+    """With the plugin library loaded: replace, in place, the paged graph's float pool writes
+    (ScatterND of a past_*pool* graph input into its present_*pool* output) by DSAPagedCacheWrite
+    nodes, whose plugin writes the pool in its own buffer (:mod:`dsa_export.ops.paged_write_onnx`);
+    returns the present pools so written. A TensorRT without ``PreviewFeature.ALIASED_PLUGIN_IO_10_03``
+    (before 10.3) cannot alias a plugin's output: the graph then keeps its ScatterND (each call copies
+    the pools, as before) and a warning says so. FP8 caches' uint8 code pools always keep ScatterND."""
+    from dsa_export.ops.paged_write_onnx import paged_cache_writes, use_paged_cache_write
+
+    writes = paged_cache_writes(model)
+    if not writes:
+        return []
+    if not hasattr(getattr(trt, "PreviewFeature", None), ALIASED_PLUGIN_IO):
+        warnings.append(f"TensorRT {trt.__version__} has no PreviewFeature.{ALIASED_PLUGIN_IO} (it came in 10.3): "
+                        f"the {len(writes)} cache pool(s) stay written by ScatterND, which copies each pool on every "
+                        "call; TensorRT 10.3 or later writes them in place.")
+        return []
+    return use_paged_cache_write(model)
 
 
 def plugin_layers(trt, plan: bytes, logger, version_compatible: bool) -> int:
@@ -282,11 +313,15 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
     from dsa_export.ops.onnx_ops import use_tensorrt_bodies
     from dsa_export.ops.paged_onnx import use_fp8_cache_bodies
 
+    warnings: list[str] = []
+    # With the plugin library, the paged graph's float pools are written in place by the plugin
+    # (its output aliased to the pool input): counted as dsa nodes below, their bodies stripped.
+    in_place = use_in_place_pools(trt, model, warnings) if library is not None else []
     nodes = dsa_nodes(model)
     check_plugins = library is not None and nodes > 0
     # Plugin-less ops keep their bodies; the FP8-cache ones in the form TensorRT takes (uint8 into a Cast only).
-    changed = ((bool(strip_dsa_functions(model)) | use_fp8_cache_bodies(model, "cast")) if check_plugins
-               else use_tensorrt_bodies(model))
+    changed = ((bool(strip_dsa_functions(model)) | use_fp8_cache_bodies(model, "cast") | bool(in_place))
+               if check_plugins else use_tensorrt_bodies(model))
     parsed = parser.parse(model.SerializeToString(), str(path)) if changed else parser.parse_from_file(str(path))
     if not parsed:
         errors = "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
@@ -300,6 +335,9 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # layer types for the inspector
     if settings.workspace_bytes:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(settings.workspace_bytes))
+    if in_place:
+        # Lets TensorRT honour the plugin's getAliasedInput (it is never asked otherwise).
+        config.set_preview_feature(getattr(trt.PreviewFeature, ALIASED_PLUGIN_IO), True)
     builder_flags: list[str] = []
     if weak_flag is not None:
         config.set_flag(getattr(trt.BuilderFlag, weak_flag))
@@ -326,7 +364,6 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
     all_profiles = add_profiles(builder, config, model, profile_ranges(settings.ranges, settings.profiles),
                                 f"TensorRT {trt.__version__}", path)
 
-    warnings: list[str] = []
     cache_bytes = b""
     if settings.timing_cache is not None and Path(settings.timing_cache).is_file():
         cache_bytes = Path(settings.timing_cache).read_bytes()
@@ -361,10 +398,11 @@ def build_engine(path: str | Path, settings: TensorRTBuildSettings, trt_module=N
         plugins_serialized=plugins_serialized,
         builder_flags=builder_flags,
         warnings=warnings + [m for m in messages if m.startswith("WARNING")],
+        in_place_pools=in_place,
     )
 
 
 __all__ = [
     "TensorRTBuildResult", "TensorRTBuildSettings", "build_engine", "dsa_nodes", "file_precision", "plugin_layers",
-    "strip_dsa_functions", "tensorrt", "use_timing_cache",
+    "strip_dsa_functions", "tensorrt", "use_in_place_pools", "use_timing_cache",
 ]

@@ -12,6 +12,7 @@
 #include "dsaIndexerTopKPagedPlugin/dsaIndexerTopKPagedPlugin.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKPlugin.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsPlugin.h"
+#include "dsaPagedCacheWritePlugin/dsaPagedCacheWritePlugin.h"
 #include "dsaSparseAttentionPagedPlugin/dsaSparseAttentionPagedPlugin.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionPlugin.h"
 
@@ -34,7 +35,8 @@ struct PluginList
 
 //! Every plugin of the library, in registration order (the order getCreators reports them in).
 using DSAPlugins = PluginList<DSAIndexerTopKPlugin, DSASparseAttentionPlugin, DSABlockSparseAttentionPlugin,
-    DSAMoEExpertsPlugin, DSAMoEExpertsFP8Plugin, DSAIndexerTopKPagedPlugin, DSASparseAttentionPagedPlugin>;
+    DSAMoEExpertsPlugin, DSAMoEExpertsFP8Plugin, DSAIndexerTopKPagedPlugin, DSASparseAttentionPagedPlugin,
+    DSAPagedCacheWritePlugin>;
 
 //! The library's one creator of Plugin, made on first use.
 template <class Plugin>

@@ -8,6 +8,7 @@
 #include "dsaBlockSparseAttentionPlugin/dsaBlockSparseAttentionKernel.h"
 #include "dsaIndexerTopKPlugin/dsaIndexerTopKKernel.h"
 #include "dsaMoEExpertsPlugin/dsaMoEExpertsKernel.h"
+#include "dsaPagedCacheWritePlugin/dsaPagedCacheWriteKernel.h"
 #include "dsaSampling/dsaSamplingKernel.h"
 #include "dsaSparseAttentionPlugin/dsaSparseAttentionKernel.h"
 
@@ -557,6 +558,43 @@ DSA_API int32_t dsa_indexer_topk_set_select_mode(int32_t mode)
 DSA_API int32_t dsa_indexer_topk_set_fp8_mma(int32_t enable)
 {
     return dsa::indexerTopKSetFp8Mma(enable);
+}
+
+} // extern "C"
+
+// ---- ABI 6: paged cache write ---------------------------------------------------------------------
+extern "C"
+{
+
+DSA_API int32_t dsa_paged_cache_write(void* pool, int64_t const* indices, void const* updates, int64_t B, int64_t S,
+    int64_t P, int64_t page, int64_t W, int32_t dtype, void* stream)
+{
+    try
+    {
+        dsa::clearLastError();
+        if (!dsa::isValidDType(dtype))
+        {
+            return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_paged_cache_write: unknown dtype code");
+        }
+        dsa::PagedCacheWriteParams p;
+        p.pool = pool;
+        p.indices = indices;
+        p.updates = updates;
+        p.B = B;
+        p.S = S;
+        p.P = P;
+        p.page = page;
+        p.W = W;
+        return dsa::launchPagedCacheWrite(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_paged_cache_write: unknown exception");
+    }
 }
 
 } // extern "C"

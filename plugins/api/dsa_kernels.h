@@ -56,8 +56,9 @@ typedef enum
  * call that was valid before are unchanged (v == NULL with T > 0 used to be an error). Version 4
  * added dsa_block_sparse_attention and dsa_block_sparse_attention_path; the version-3 entry points
  * are unchanged. Version 5 added the serving kernels (entry points listed below under "ABI 5"); the
- * version-4 entry points are unchanged. */
-#define DSA_KERNELS_ABI_VERSION 5
+ * version-4 entry points are unchanged. Version 6 added dsa_paged_cache_write; the version-5 entry
+ * points are unchanged. */
+#define DSA_KERNELS_ABI_VERSION 6
 DSA_API int32_t dsa_kernels_abi_version(void);
 
 /* Human-readable name of a status code. */
@@ -307,6 +308,26 @@ DSA_API int32_t dsa_indexer_topk_set_fp8_mma(int32_t enable);
 DSA_API int32_t dsa_sample_tokens(void const* logits, int64_t row_stride, int32_t* out, float const* temperature,
     float const* top_p, uint64_t const* seeds, int64_t const* offsets, int64_t B, int64_t V, int32_t dtype,
     void* stream);
+
+/* -- paged cache write (ABI 6) -- */
+
+/*
+ * DSAPagedCacheWrite (ABI 6): the paged graph's cache write (ScatterND of the call's new tokens into a
+ * pool), in place.
+ *   pool [P,page,W] (dtype FLOAT32, FLOAT16 or BFLOAT16), indices [B,S,2] int64 (page, offset) of
+ *   each new token, updates [B,S,W] (dtype).
+ *   pool[indices[b,s,0], indices[b,s,1], :] = updates[b,s,:] for every (b, s) whose page is in [0,P)
+ *   and offset in [0,page); every other (b, s) is skipped: nothing outside the pool is ever written
+ *   and the rest of the pool keeps its bytes. The bits are copied unchanged. Two tokens that name
+ *   the same slot race and one of them wins (the paged graph sends only padding tokens to one slot,
+ *   the scratch slot page 0 offset 0; real tokens never share a slot). One warp per token: 16-byte
+ *   copies where the pool row and the update row are equally aligned modulo 16, element copies for
+ *   the rest (the tail of a row that is not a multiple of 16 bytes). Needs no workspace; with
+ *   B*S == 0 or P == 0 no kernel runs. Needs pool and updates aligned to their element size and
+ *   indices to 8 bytes, B*S < 2^31.
+ */
+DSA_API int32_t dsa_paged_cache_write(void* pool, int64_t const* indices, void const* updates, int64_t B, int64_t S,
+    int64_t P, int64_t page, int64_t W, int32_t dtype, void* stream);
 
 #ifdef __cplusplus
 }

@@ -164,7 +164,7 @@ DSAPluginBase::DSAPluginBase(PluginTable const& table, std::vector<AttributeValu
 DSAPluginBase::DSAPluginBase(DSAPluginBase const& other)
     : IPluginV3(other)
     , IPluginV3OneCore(other)
-    , IPluginV3OneBuild(other)
+    , DSABuildCapability(other)
     , IPluginV3OneRuntime(other)
     , mTable(other.mTable)
     , mAttributes(other.mAttributes)
@@ -217,7 +217,7 @@ IPluginCapability* DSAPluginBase::getCapabilityInterface(PluginCapabilityType ty
     switch (type)
     {
     case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-    case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+    case PluginCapabilityType::kBUILD: return static_cast<DSABuildCapability*>(this);
     case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
     }
     return nullptr;

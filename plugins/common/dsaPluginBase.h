@@ -22,6 +22,7 @@
 #pragma once
 
 #include "NvInferRuntime.h"
+#include "NvInferVersion.h"
 #include "common/dsaPluginCommon.h"
 #include "common/dsaPluginTable.h"
 
@@ -128,10 +129,59 @@ struct AttributeValue
     std::string stringValue;
 };
 
+//! 1 when the TensorRT headers have the build capability's version 2 (IPluginV3OneBuildV2, TensorRT
+//! 10.3+): getAliasedInput, an output written in place into an input's buffer. TensorRT asks it only
+//! when the builder config enables PreviewFeature::kALIASED_PLUGIN_IO_10_03.
+#if NV_TENSORRT_MAJOR > 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR >= 3)
+#define DSA_PLUGIN_ALIASED_IO 1
+#else
+#define DSA_PLUGIN_ALIASED_IO 0
+#endif
+
+//! The build capability of the DSA plugins. With TensorRT 10.3+ headers it is IPluginV3OneBuildV2,
+//! and it reports interface version 2 (so TensorRT asks getAliasedInput) only for a plugin whose
+//! aliasedInput() names an input for one of its outputs (DSAPagedCacheWrite); the others report
+//! version 1, the interface they always had (version 2 only adds getAliasedInput after it).
+class DSABuildCapability
+#if DSA_PLUGIN_ALIASED_IO
+    : public nvinfer1::IPluginV3OneBuildV2
+#else
+    : public nvinfer1::IPluginV3OneBuild
+#endif
+{
+public:
+#if DSA_PLUGIN_ALIASED_IO
+    nvinfer1::InterfaceInfo getInterfaceInfo() const noexcept override
+    {
+        return nvinfer1::InterfaceInfo{"PLUGIN_V3ONE_BUILD", aliasesAnOutput() ? 2 : 1, 0};
+    }
+    int32_t getAliasedInput(int32_t outputIndex) noexcept override
+    {
+        return aliasedInput(outputIndex);
+    }
+#endif
+    //! The input whose buffer output `outputIndex` is written into in place, or -1 (the default: none).
+    virtual int32_t aliasedInput(int32_t /*outputIndex*/) const noexcept
+    {
+        return -1;
+    }
+    bool aliasesAnOutput() const noexcept
+    {
+        for (int32_t i = 0; i < getNbOutputs(); ++i)
+        {
+            if (aliasedInput(i) >= 0)
+            {
+                return true;
+            }
+        }
+        return false;
+    }
+};
+
 //! Base of the DSA plugins: one class implements the three IPluginV3One capability interfaces.
 class DSAPluginBase : public nvinfer1::IPluginV3,
                       public nvinfer1::IPluginV3OneCore,
-                      public nvinfer1::IPluginV3OneBuild,
+                      public DSABuildCapability,
                       public nvinfer1::IPluginV3OneRuntime
 {
 public:
@@ -147,7 +197,8 @@ public:
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
 
-    // IPluginV3OneBuild (getWorkspaceSize: TensorRT's default of 0 unless the plugin overrides it)
+    // IPluginV3OneBuild (getWorkspaceSize: TensorRT's default of 0 unless the plugin overrides it;
+    // getAliasedInput: DSABuildCapability)
     int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,

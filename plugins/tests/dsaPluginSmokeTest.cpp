@@ -155,6 +155,11 @@ using dsa::plugin::DSAPlugins;
 //! fails, with a logged error, after the glue's own checks).
 void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, CountingLogger& logger);
 
+//! DSAPagedCacheWrite: no fields, formats, output type and shape (the pool's), the output aliased to
+//! the pool (getAliasedInput(0) == 0 on build capability version 2; the other plugins keep version 1),
+//! serialization, and enqueue: the pool is copied only when the output is not the pool's buffer.
+void checkPagedCacheWritePlugin(IPluginCreatorInterface* const* creators, int32_t n, CountingLogger& logger);
+
 
 //! Loads a static-registration library and finds its creators in the registry of its libnvinfer
 //! under namespace "dsa" (and not under "", where REGISTER_TENSORRT_PLUGIN would have put them).
@@ -951,6 +956,7 @@ int main(int argc, char** argv)
         check(fp8->createPlugin("relu", &fcBad, TensorRTPhase::kBUILD) == nullptr, "DSAMoEExpertsFP8 rejects activation 'relu'");
     }
     checkPagedPlugins(creators, n, logger);
+    checkPagedCacheWritePlugin(creators, n, logger);
     std::printf("%s: %d failure(s)\n", gFailures == 0 ? "OK" : "FAILED", gFailures);
     return gFailures == 0 ? 0 : 1;
 }
@@ -1172,5 +1178,160 @@ void checkPagedPlugins(IPluginCreatorInterface* const* creators, int32_t n, Coun
             delete plugin;
         }
     }
+}
+
+void checkPagedCacheWritePlugin(IPluginCreatorInterface* const* creators, int32_t n, CountingLogger& logger)
+{
+    // ---- DSAPagedCacheWrite ----
+    IPluginCreatorV3One* cw = findCreator(creators, n, "DSAPagedCacheWrite");
+    check(cw != nullptr, "DSAPagedCacheWrite creator");
+    if (cw == nullptr)
+    {
+        return;
+    }
+    PluginFieldCollection const* names = cw->getFieldNames();
+    check(names != nullptr && names->nbFields == 0, "DSAPagedCacheWrite has no fields");
+    PluginFieldCollection none{0, nullptr};
+    IPluginV3* plugin = cw->createPlugin("pcw", &none, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, "DSAPagedCacheWrite createPlugin");
+    if (plugin == nullptr)
+    {
+        return;
+    }
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* rt = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(build->getNbOutputs() == 1, "DSAPagedCacheWrite one output");
+    auto aliasOf = [](IPluginV3* p, int32_t output) -> int32_t {
+#if DSA_PLUGIN_ALIASED_IO
+        auto* b = static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        InterfaceInfo const info = b->getInterfaceInfo();
+        if (std::strcmp(info.kind, "PLUGIN_V3ONE_BUILD") != 0 || info.major != 2 || info.minor != 0)
+        {
+            return -2; // TensorRT would not ask this plugin getAliasedInput
+        }
+        return static_cast<IPluginV3OneBuildV2*>(b)->getAliasedInput(output);
+#else
+        (void) p;
+        (void) output;
+        return -3;
+#endif
+    };
+#if DSA_PLUGIN_ALIASED_IO
+    check(aliasOf(plugin, 0) == 0 && aliasOf(plugin, 1) == -1,
+        "DSAPagedCacheWrite reports build capability 2.0 (IPluginV3OneBuildV2) and getAliasedInput(0) == 0");
+    float scale = 0.0625F;
+    std::vector<PluginField> saFields{{"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+    PluginFieldCollection saFc{1, saFields.data()};
+    IPluginCreatorV3One* sa = findCreator(creators, n, "DSASparseAttentionPaged");
+    IPluginV3* other = sa != nullptr ? sa->createPlugin("sa", &saFc, TensorRTPhase::kBUILD) : nullptr;
+    if (other != nullptr)
+    {
+        InterfaceInfo const info
+            = static_cast<IPluginV3OneBuild*>(other->getCapabilityInterface(PluginCapabilityType::kBUILD))
+                  ->getInterfaceInfo();
+        check(info.major == 1 && aliasOf(other, 0) == -2,
+            "the plugins without an aliased output keep build capability 1.0 (TensorRT never asks them)");
+        delete other;
+    }
+#else
+    check(aliasOf(plugin, 0) == -3, "headers before TensorRT 10.3: no IPluginV3OneBuildV2 (enqueue copies the pool)");
+#endif
+    // DeepSeek-V3.2's latent pool: 2048 pages of 64 slots of 576, a batch-4 decode.
+    std::vector<DynamicPluginTensorDesc> io{makeDesc({2048, 64, 576}, DataType::kBF16), makeDesc({4, 1, 2}, DataType::kINT64),
+        makeDesc({4, 1, 576}, DataType::kBF16), makeDesc({2048, 64, 576}, DataType::kBF16)};
+    check(allFormats(build, io, 3), "DSAPagedCacheWrite accepts a bf16 pool/updates/output with int64 indices");
+    for (DataType t : {DataType::kFLOAT, DataType::kHALF})
+    {
+        std::vector<DynamicPluginTensorDesc> typed = io;
+        typed[0].desc.type = typed[2].desc.type = typed[3].desc.type = t;
+        check(allFormats(build, typed, 3), "DSAPagedCacheWrite accepts float32 and float16 pools");
+    }
+    io[1].desc.type = DataType::kINT32;
+    check(!build->supportsFormatCombination(1, io.data(), 3, 1), "DSAPagedCacheWrite rejects int32 indices");
+    io[1].desc.type = DataType::kINT64;
+    io[2].desc.type = DataType::kHALF;
+    check(!build->supportsFormatCombination(2, io.data(), 3, 1), "DSAPagedCacheWrite rejects updates dtype != pool");
+    io[2].desc.type = DataType::kBF16;
+    io[3].desc.type = DataType::kFLOAT;
+    check(!build->supportsFormatCombination(3, io.data(), 3, 1), "DSAPagedCacheWrite rejects an output dtype != pool");
+    io[3].desc.type = DataType::kBF16;
+    io[0].desc.type = DataType::kINT8;
+    check(!build->supportsFormatCombination(0, io.data(), 3, 1), "DSAPagedCacheWrite rejects a code (int8) pool");
+    io[0].desc.type = DataType::kBF16;
+    DataType inTypes[3] = {DataType::kHALF, DataType::kINT64, DataType::kHALF};
+    DataType outType = DataType::kFLOAT;
+    check(build->getOutputDataTypes(&outType, 1, inTypes, 3) == 0 && outType == DataType::kHALF,
+        "DSAPagedCacheWrite output type is the pool's");
+    {
+        std::vector<FakeDimExpr> pd(3), id(3), ud(3);
+        DimsExprs ins[3] = {makeExprs(pd), makeExprs(id), makeExprs(ud)};
+        DimsExprs out{};
+        FakeExprBuilder exprs;
+        check(build->getOutputShapes(ins, 3, nullptr, 0, &out, 1, exprs) == 0 && out.nbDims == 3 && out.d[0] == &pd[0]
+                && out.d[1] == &pd[1] && out.d[2] == &pd[2],
+            "DSAPagedCacheWrite output shape is the pool's");
+    }
+    check(build->configurePlugin(io.data(), 3, io.data() + 3, 1) == 0, "DSAPagedCacheWrite configurePlugin");
+    std::vector<DynamicPluginTensorDesc> dyn = io;
+    dyn[1].desc.dims.d[0] = dyn[1].desc.dims.d[1] = dyn[2].desc.dims.d[0] = dyn[2].desc.dims.d[1] = -1;
+    check(build->configurePlugin(dyn.data(), 3, dyn.data() + 3, 1) == 0,
+        "DSAPagedCacheWrite configurePlugin takes a dynamic batch and length");
+    check(build->getWorkspaceSize(io.data(), 3, io.data() + 3, 1) == 0, "DSAPagedCacheWrite needs no workspace");
+    std::vector<DynamicPluginTensorDesc> bad = io;
+    bad[2] = makeDesc({4, 1, 512}, DataType::kBF16);
+    int errorsBefore = logger.errors;
+    check(build->configurePlugin(bad.data(), 3, bad.data() + 3, 1) != 0 && logger.errors > errorsBefore
+            && logger.lastError.find("updates [B,S,W]") != std::string::npos,
+        "DSAPagedCacheWrite rejects updates of another width with a logged error");
+    bad = io;
+    bad[1] = makeDesc({4, 1, 3}, DataType::kINT64);
+    check(build->configurePlugin(bad.data(), 3, bad.data() + 3, 1) != 0, "DSAPagedCacheWrite rejects indices [B,S,3]");
+    bad = io;
+    bad[0] = makeDesc({2048, 64, 1, 576}, DataType::kBF16);
+    check(build->configurePlugin(bad.data(), 3, bad.data() + 3, 1) != 0, "DSAPagedCacheWrite rejects a 4-D pool");
+    {
+        std::vector<PluginTensorDesc> descs;
+        for (DynamicPluginTensorDesc const& d : io)
+        {
+            descs.push_back(d.desc);
+        }
+        alignas(16) static unsigned char pool[64];
+        alignas(16) static unsigned char other[64];
+        alignas(16) static unsigned char small[64];
+        void const* ins[3] = {pool, small, small};
+        void* same[1] = {pool};
+        errorsBefore = logger.errors;
+        bool failed = rt->enqueue(descs.data(), descs.data() + 3, ins, same, nullptr, nullptr) != 0;
+        check(failed && logger.errors > errorsBefore && logger.lastError.find("DSAPagedCacheWrite kernel") != std::string::npos
+                && logger.lastError.find("pool copy") == std::string::npos,
+            "DSAPagedCacheWrite enqueue with the output aliased to the pool copies nothing and reaches the kernel ("
+                + logger.lastError + ")");
+        void* apart[1] = {other};
+        errorsBefore = logger.errors;
+        failed = rt->enqueue(descs.data(), descs.data() + 3, ins, apart, nullptr, nullptr) != 0;
+        check(failed && logger.errors > errorsBefore && logger.lastError.find("pool copy") != std::string::npos,
+            "DSAPagedCacheWrite enqueue with an output buffer of its own copies the pool first ("
+                + logger.lastError + ")");
+    }
+    IPluginV3* again = cw->createPlugin("pcw2", rt->getFieldsToSerialize(), TensorRTPhase::kRUNTIME);
+    check(again != nullptr && rt->getFieldsToSerialize()->nbFields == 0,
+        "DSAPagedCacheWrite round trip through getFieldsToSerialize (no fields)");
+    if (again != nullptr)
+    {
+        auto* b2 = static_cast<IPluginV3OneBuild*>(again->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        check(std::strcmp(b2->getMetadataString(), build->getMetadataString()) == 0 && b2->getNbOutputs() == 1,
+            "DSAPagedCacheWrite survives serialization");
+#if DSA_PLUGIN_ALIASED_IO
+        check(aliasOf(again, 0) == 0, "DSAPagedCacheWrite deserialized keeps its output aliased to the pool");
+#endif
+        delete again;
+    }
+    IPluginV3* cl = plugin->clone();
+    check(cl != nullptr, "DSAPagedCacheWrite clone");
+#if DSA_PLUGIN_ALIASED_IO
+    check(cl != nullptr && aliasOf(cl, 0) == 0, "DSAPagedCacheWrite clone keeps its output aliased to the pool");
+#endif
+    delete cl;
+    delete plugin;
 }
 } // namespace

@@ -17,7 +17,7 @@ from tests.plugins.test_kernels_gpu import ATTN_TOL
 @dataclass(frozen=True)
 class Case:
     name: str
-    kernel: str  # indexer | attention | block-sparse | moe
+    kernel: str  # indexer | attention | block-sparse | moe | sampling | cache-write
     run: Callable[..., None] = field(repr=False)
     device: str = "sm90"
     #: schedule names to run under (None: every schedule); cases that check decisions, not races

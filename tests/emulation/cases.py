@@ -17,7 +17,7 @@ from tests.plugins import plugin_reference as ref
 # the real kernels are held to the same standard.
 from tests.plugins.test_kernels_gpu import DTYPES, _moe_check, _moe_routing, assert_same_selection
 
-from . import cases_paged_attention, cases_paged_indexer, cases_sampling
+from . import cases_paged_attention, cases_paged_cache_write, cases_paged_indexer, cases_sampling
 from .case_base import Case, _assert_close_attention, _gen, _randn, kl_schedule_other
 
 
@@ -389,7 +389,7 @@ REAL_WIDTH_CASES: list[Case] = [
 
 # Kernel families added since ABI 5 keep their cases in their own modules (they import Case and the
 # shared helpers from case_base).
-for _family in (cases_paged_attention, cases_paged_indexer, cases_sampling):
+for _family in (cases_paged_attention, cases_paged_indexer, cases_sampling, cases_paged_cache_write):
     SMALL_CASES += _family.SMALL_CASES
     REAL_WIDTH_CASES += _family.REAL_WIDTH_CASES
 

@@ -82,9 +82,15 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 # Kernel families added since ABI 5 keep their injected bugs in their own modules.
-from . import mutations_paged_attention, mutations_paged_indexer, mutations_sampling  # noqa: E402
+from . import (  # noqa: E402
+    mutations_paged_attention,
+    mutations_paged_cache_write,
+    mutations_paged_indexer,
+    mutations_sampling,
+)
 
-MUTANTS = MUTANTS + mutations_paged_attention.MUTANTS + mutations_paged_indexer.MUTANTS + mutations_sampling.MUTANTS
+MUTANTS = (MUTANTS + mutations_paged_attention.MUTANTS + mutations_paged_indexer.MUTANTS + mutations_sampling.MUTANTS
+           + mutations_paged_cache_write.MUTANTS)
 
 MUTANTS_BY_NAME = {m.name: m for m in MUTANTS}
 assert len(MUTANTS_BY_NAME) == len(MUTANTS), "two injected bugs share a name"

@@ -1,5 +1,6 @@
-"""The harness can fail: three injected bugs of different kinds (a missing barrier, an index read
-one row past the keys, a pipeline wait one stage short) each fail the cases of their kernel. The
+"""The harness can fail: four injected bugs of different kinds (a missing barrier, an index read
+one row past the keys, a pipeline wait one stage short, the element tail of a cache row left
+unwritten) each fail the cases of their kernel. The
 whole list runs with ``python -m tests.emulation --mutations`` (a few minutes)."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from .cases import SMALL_CASES
 from .harness import DEFAULT_SCHEDULES, EmulatedKernels, EmulationFault, run_case
 from .mutations import MUTANTS_BY_NAME
 
-CI_MUTANTS = ("sa-missing-barrier-after-wait", "sa-index-bound-off-by-one", "moe-pipeline-wait-one-stage-short")
+CI_MUTANTS = ("sa-missing-barrier-after-wait", "sa-index-bound-off-by-one", "moe-pipeline-wait-one-stage-short",
+              "pcw-tail-skipped")
 
 
 @pytest.mark.parametrize("name", CI_MUTANTS)

@@ -44,6 +44,7 @@ C_ABI = (
     "dsa_indexer_topk_set_select_mode",
     "dsa_indexer_topk_set_fp8_mma",
     "dsa_sample_tokens",
+    "dsa_paged_cache_write",
 )
 
 
@@ -158,7 +159,7 @@ def test_c_abi_loads_and_validates_without_a_gpu(sm90_build):
     build_dir, _, _ = sm90_build
     kern = KernelLibrary(build_dir / "libdsa_kernels.so")
     raw = kern._lib
-    assert raw.dsa_kernels_abi_version() == 5
+    assert raw.dsa_kernels_abi_version() == 6
     assert raw.dsa_status_string(1) == b"invalid argument"
     status = raw.dsa_sparse_attention(None, None, None, None, None, 1, 1, 1, 3, 2, 64, 64, 1, 1.0, 2, None)
     assert status == 1 and b"multiple of Hkv" in raw.dsa_last_error()

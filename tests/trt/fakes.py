@@ -17,7 +17,9 @@ the NVIDIA/TensorRT headers and python/src bindings of 10.0 to 11.1):
 - the ONNX parser builds a node's local function instead of a registered plugin before 10.7, the
   plugin from 10.7, and fails on a custom node that has neither;
 - the engine inspector lists layer types only for engines built with ``ProfilingVerbosity.DETAILED``;
-- ``IExecutionContext.set_tensor_address`` returns a bool.
+- ``IExecutionContext.set_tensor_address`` returns a bool;
+- ``PreviewFeature.ALIASED_PLUGIN_IO_10_03`` (a plugin output aliased to an input) exists from 10.3;
+  ``IBuilderConfig.set_preview_feature(feature, enable)`` turns one on.
 It checks our calls, not TensorRT.
 """
 
@@ -55,7 +57,7 @@ def fake_tensorrt(version: str, plan: bytes | None = b"ftrt-fake-plan", plugin_o
     """
     major, minor = _version(version)
     calls: dict = {"flags": [], "profiles": [], "added_profiles": [], "plugins": [], "cache_in": None,
-                   "cache_set": [], "deserialized": 0}
+                   "cache_set": [], "deserialized": 0, "preview_features": []}
     trt = types.SimpleNamespace(__version__=version, __name__="tensorrt", calls=calls)
 
     class ILogger:
@@ -97,6 +99,10 @@ def fake_tensorrt(version: str, plan: bytes | None = b"ftrt-fake-plan", plugin_o
     if (major, minor) >= (10, 9):
         levels["SAME_COMPUTE_CAPABILITY"] = "SAME_COMPUTE_CAPABILITY"
     trt.HardwareCompatibilityLevel = _enum(**levels)
+    previews = {"PROFILE_SHARING_0806": "PROFILE_SHARING_0806"} if major == 10 else {}
+    if (major, minor) >= (10, 3):
+        previews["ALIASED_PLUGIN_IO_10_03"] = "ALIASED_PLUGIN_IO_10_03"
+    trt.PreviewFeature = _enum(**previews)
     trt.MemoryPoolType = _enum(WORKSPACE="WORKSPACE")
     trt.ProfilingVerbosity = _enum(LAYER_NAMES_ONLY="LAYER_NAMES_ONLY", NONE="NONE", DETAILED="DETAILED")
     trt.LayerInformationFormat = _enum(ONELINE="ONELINE", JSON="JSON")
@@ -194,6 +200,10 @@ def fake_tensorrt(version: str, plan: bytes | None = b"ftrt-fake-plan", plugin_o
 
         def set_flag(self, flag):
             calls["flags"].append(flag)
+
+        def set_preview_feature(self, feature, enable):
+            assert feature in vars(trt.PreviewFeature).values(), feature
+            calls["preview_features"].append((feature, bool(enable)))
 
         def add_optimization_profile(self, profile):
             if not profile_ok:
@@ -302,5 +312,40 @@ def tiny_dsa_model(path, nodes: int = 2, functions: bool = True, past: bool = Fa
                                  [helper.make_opsetid("", 18)])] if functions else []
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
                               functions=body)
+    onnx.save(model, str(path))
+    return path
+
+
+def tiny_paged_model(path, fp8_pool: bool = False, extra_reader: bool = False):
+    """A paged graph's cache writes alone: ``present_latent_pool_0 = ScatterND(past_latent_pool_0,
+    indices, new)`` of a float32 pool ``[pages, 4, 8]``, a Shape read of the pool, and with ``fp8_pool``
+    a second, uint8 pool written the same way (an FP8 cache's codes); with ``extra_reader`` a
+    ReduceSum reads the float pool too. Output ``y`` is the written pool's row sums."""
+    from onnx import TensorProto, helper
+
+    def value(name, elem, dims):
+        return helper.make_tensor_value_info(name, elem, dims)
+
+    pool = ["pages", 4, 8]
+    inputs = [value("past_latent_pool_0", TensorProto.FLOAT, pool),
+              value("indices", TensorProto.INT64, ["batch", "sequence", 2]),
+              value("new", TensorProto.FLOAT, ["batch", "sequence", 8])]
+    outputs = [value("y", TensorProto.FLOAT, ["pages", 4]), value("present_latent_pool_0", TensorProto.FLOAT, pool)]
+    nodes = [helper.make_node("ScatterND", ["past_latent_pool_0", "indices", "new"], ["present_latent_pool_0"],
+                              name="write0"),
+             helper.make_node("Shape", ["past_latent_pool_0"], ["pool_shape"], name="shape"),
+             helper.make_node("ReduceSum", ["present_latent_pool_0", "axes"], ["y"], name="sum", keepdims=0)]
+    initializers = [helper.make_tensor("axes", TensorProto.INT64, [1], [2])]
+    if extra_reader:
+        nodes.append(helper.make_node("ReduceSum", ["past_latent_pool_0", "axes"], ["z"], name="old", keepdims=0))
+        outputs.append(value("z", TensorProto.FLOAT, ["pages", 4]))
+    if fp8_pool:
+        inputs += [value("past_index_key_pool_0", TensorProto.UINT8, pool),
+                   value("codes", TensorProto.UINT8, ["batch", "sequence", 8])]
+        outputs.append(value("present_index_key_pool_0", TensorProto.UINT8, pool))
+        nodes.append(helper.make_node("ScatterND", ["past_index_key_pool_0", "indices", "codes"],
+                                      ["present_index_key_pool_0"], name="write1"))
+    graph = helper.make_graph(nodes, "paged", inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.save(model, str(path))
     return path
