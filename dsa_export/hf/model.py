@@ -24,7 +24,9 @@ Four graph shapes:
   block table (``DSASparseAttentionPaged``, ``DSAIndexerTopKPaged``). Page 0 is the scratch page:
   padding tokens (``s >= query_lengths[b]``) are written there, so a runtime never hands page 0
   to a sequence. A runtime that binds each ``present`` pool to its ``past`` buffer (ONNX Runtime
-  IO binding) writes only the new tokens' rows;
+  IO binding) writes only the new tokens' rows; a full TensorRT build with the plugin library
+  turns each float pool's ScatterND into the in-place ``DSAPagedCacheWrite`` plugin
+  (:mod:`dsa_export.ops.paged_write_onnx`);
 * a layer slice ``A:B``: ``hidden_states [B,S,hidden], attention_mask`` (+ ``prev_topk_indices``
   when layer A reuses an earlier layer's selection) ``-> hidden_states`` (+ ``topk_indices``).
   A pipeline stage is a slice that also embeds (``embed``: ``input_ids`` in, the first stage)
