@@ -113,6 +113,7 @@ class EngineSession(Session):
         self.output_names = [n for n in names if n not in self.input_names]
         #: ``{output: input}`` the engine writes in place: both must be bound to one address.
         self.aliased = engine_aliases(engine, self.input_names, self.output_names)
+        self._written_inputs = {source: name for name, source in self.aliased.items()}  # input -> its output
 
     @classmethod
     def open(cls, path: Path, manifest: Manifest, device: int = 0, probe=None) -> EngineSession:
@@ -217,14 +218,14 @@ class EngineSession(Session):
         engine, context = self.engine, self.context
         # The shape and address calls below apply to the profile selected here.
         self._use_profile(self.select_profile({name: tuple(value.shape) for name, value in feeds.items()}))
-        in_place = {source: name for name, source in self.aliased.items()}  # input -> the output written into it
         bound = {}
         for name in self.input_names:
             value = feeds[name]
             tensor = (value if torch.is_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))).to(
                 self.device, torch_dtype(torch, engine.get_tensor_dtype(name)))
-            if name in in_place and torch.is_tensor(value) and tensor.data_ptr() == value.data_ptr() \
-                    and (alias or {}).get(in_place[name]) != name:
+            written = self._written_inputs.get(name)
+            if written is not None and torch.is_tensor(value) and tensor.data_ptr() == value.data_ptr() \
+                    and (alias or {}).get(written) != name:
                 tensor = tensor.clone()  # the engine writes this input: a device tensor fed unasked stays as it was
             bound[name] = tensor
             if not context.set_input_shape(name, tuple(tensor.shape)):

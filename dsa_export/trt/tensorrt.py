@@ -199,15 +199,14 @@ def use_in_place_pools(trt, model: onnx.ModelProto, warnings: list[str]) -> list
     the pools, as before) and a warning says so. FP8 caches' uint8 code pools always keep ScatterND."""
     from dsa_export.ops.paged_write_onnx import paged_cache_writes, use_paged_cache_write
 
+    if hasattr(getattr(trt, "PreviewFeature", None), ALIASED_PLUGIN_IO):
+        return use_paged_cache_write(model)
     writes = paged_cache_writes(model)
-    if not writes:
-        return []
-    if not hasattr(getattr(trt, "PreviewFeature", None), ALIASED_PLUGIN_IO):
+    if writes:
         warnings.append(f"TensorRT {trt.__version__} has no PreviewFeature.{ALIASED_PLUGIN_IO} (it came in 10.3): "
                         f"the {len(writes)} cache pool(s) stay written by ScatterND, which copies each pool on every "
                         "call; TensorRT 10.3 or later writes them in place.")
-        return []
-    return use_paged_cache_write(model)
+    return []
 
 
 def plugin_layers(trt, plan: bytes, logger, version_compatible: bool) -> int:
