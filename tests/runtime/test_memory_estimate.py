@@ -109,3 +109,33 @@ def test_estimate_matches_the_measured_peak_of_a_decode_graph(tmp_path):
         assert probe["measured"] > 20 * 2**20, probe  # large enough to read above the allocator's noise
         ratios.append(probe["estimate"] / probe["measured"])
     assert all(0.6 <= r <= 1.8 for r in ratios), ratios
+
+
+def test_a_session_estimates_each_set_of_sizes_once_and_never_remembers_a_refusal(tmp_path, monkeypatch):
+    """Decode steps repeat their sizes (a paged graph's change once a page): the estimate runs for
+    the first call of each set of sizes; a call refused runs it again."""
+    import onnx
+
+    from dsa_export.errors import DSAUserError
+    from dsa_export.runtime.memory import GraphMemory
+    from dsa_export.runtime.onnxrt import OnnxFileSession
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S"])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    session = OnnxFileSession.open(path)
+    calls = []
+    real = GraphMemory.estimate
+    monkeypatch.setattr(GraphMemory, "estimate", lambda self, sizes: calls.append(dict(sizes)) or real(self, sizes))
+    for shape in [(2, 3), (2, 3), (2, 4), (2, 3), (2, 4)]:
+        session.check_memory({"x": shape})
+    assert calls == [{"B": 2, "S": 3}, {"B": 2, "S": 4}]
+    monkeypatch.setattr("dsa_export.runtime.memory.available_memory", lambda: (1 << 10, "the test"))
+    for _ in range(2):
+        with pytest.raises(DSAUserError, match="B=2, S=10000"):
+            session.check_memory({"x": (2, 10000)})
+    assert len(calls) == 4
+    session.check_memory({"x": (2, 3)})  # found to fit before: not estimated again
+    assert len(calls) == 4

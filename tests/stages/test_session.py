@@ -296,6 +296,36 @@ def test_micro_batches_overlap_the_stages():
     assert overlapped_s >= 5 * seconds
 
 
+class _Recorder(_Sleeper):
+    """A one-stage double that records the thread each call ran on, and fails on a negative input."""
+
+    def __init__(self):
+        super().__init__(0.0, True)
+        self.outputs = [TensorSpec("y", "float32", ("batch", 4))]
+        self.threads: list[str] = []
+
+    def run(self, feeds):
+        self.threads.append(threading.current_thread().name)
+        if (feeds["x"] < 0).any():
+            raise DSAUserError("negative input")
+        return super().run(feeds)
+
+
+def test_a_one_stage_pipeline_runs_in_the_callers_thread():
+    stage = _Recorder()
+    session = PipelineSession.of_session(stage)
+    try:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(session.run({"x": x})["y"], x + 1)
+        np.testing.assert_array_equal(session.run_microbatches({"x": x}, 2)["y"], x + 1)
+        with pytest.raises(DSAUserError, match="^negative input$"):
+            session.run({"x": -x})
+        np.testing.assert_array_equal(session.run({"x": x})["y"], x + 1)  # the error left it usable
+    finally:
+        session.close()
+    assert stage.threads == [threading.current_thread().name] * 5
+
+
 def test_missing_stage_build_is_one_clear_error(builds, tmp_path):
     _checkpoint, out, _stages = builds["deepseek_v32", 2]
     copy = tmp_path / "copy"
