@@ -15,6 +15,29 @@
 #include <exception>
 #include <string>
 
+namespace
+{
+//! Runs the body of a C entry point: clears the last error and turns any C++ exception into
+//! kINVALID_ARGUMENT with its message for dsa_last_error() (nothing is thrown across the C boundary).
+template <typename Body>
+int32_t guarded(char const* name, Body&& body) noexcept
+{
+    try
+    {
+        dsa::clearLastError();
+        return body();
+    }
+    catch (std::exception const& e)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
+    }
+    catch (...)
+    {
+        return dsa::setLastError(dsa::kINVALID_ARGUMENT, std::string(name) + ": unknown exception");
+    }
+}
+} // namespace
+
 extern "C"
 {
 
@@ -55,9 +78,7 @@ DSA_API int32_t dsa_indexer_topk(void const* q, void const* k, void const* w, in
     int64_t B, int64_t S, int64_t T, int64_t H, int64_t D, int64_t topk, float scale, int32_t causal, int32_t dtype,
     int32_t w_dtype, void* workspace, size_t workspace_bytes, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_indexer_topk", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype) || !dsa::isValidDType(w_dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_indexer_topk: unknown dtype code");
@@ -78,15 +99,7 @@ DSA_API int32_t dsa_indexer_topk(void const* q, void const* k, void const* w, in
         p.causal = causal != 0 ? 1 : 0;
         return dsa::launchIndexerTopK(p, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(w_dtype), workspace,
             workspace_bytes, static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_indexer_topk: unknown exception");
-    }
+    });
 }
 
 DSA_API size_t dsa_sparse_attention_workspace_size(int64_t /*B*/, int64_t /*S*/, int64_t /*T*/, int64_t /*H*/,
@@ -99,9 +112,7 @@ DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v
     int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t K, float scale,
     int32_t dtype, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_sparse_attention", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention: unknown dtype code");
@@ -123,15 +134,7 @@ DSA_API int32_t dsa_sparse_attention(void const* q, void const* k, void const* v
         p.scale = scale;
         p.valuesFromKeys = v == nullptr && T > 0; // see dsa_kernels.h: NULL v = values from keys
         return dsa::launchSparseAttention(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention: unknown exception");
-    }
+    });
 }
 
 DSA_API int32_t dsa_sparse_attention_path(int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int32_t dtype)
@@ -155,9 +158,7 @@ DSA_API int32_t dsa_block_sparse_attention(void const* q, void const* k, void co
     void* out, int64_t B, int64_t S, int64_t T, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, int64_t Kb,
     int64_t block_size, float scale, int32_t causal, int32_t dtype, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_block_sparse_attention", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_block_sparse_attention: unknown dtype code");
@@ -180,15 +181,7 @@ DSA_API int32_t dsa_block_sparse_attention(void const* q, void const* k, void co
         p.scale = scale;
         p.causal = causal != 0;
         return dsa::launchBlockSparseAttention(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_block_sparse_attention: unknown exception");
-    }
+    });
 }
 
 DSA_API int32_t dsa_block_sparse_attention_path(int64_t Dk, int64_t Dv, int64_t block_size, int32_t dtype)
@@ -246,9 +239,7 @@ DSA_API int32_t dsa_moe_experts(void const* x, int32_t const* topk_ids, void con
     int32_t expert_dtype, int64_t block_size, int32_t activation, int32_t path, void* workspace,
     size_t workspace_bytes, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_moe_experts", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype) || !dsa::isValidDType(weights_dtype) || !dsa::isValidWeightDType(expert_dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_moe_experts: unknown dtype code");
@@ -279,15 +270,7 @@ DSA_API int32_t dsa_moe_experts(void const* x, int32_t const* topk_ids, void con
         p.activation = dsa::MoEActivation::kSILU;
         p.path = path;
         return dsa::launchMoEExperts(p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_moe_experts: unknown exception");
-    }
+    });
 }
 
 DSA_API int32_t dsa_moe_experts_path(int64_t N, int64_t K, int64_t E, int64_t H, int64_t I, int32_t dtype,
@@ -359,9 +342,7 @@ DSA_API int32_t dsa_sparse_attention_paged(void const* q, void const* k_pool, vo
     int64_t Dk, int64_t Dv, int64_t K, int64_t P, int64_t page, int64_t M, float scale, int32_t dtype,
     int32_t num_splits, void* workspace, size_t workspace_bytes, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_sparse_attention_paged", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged: unknown dtype code");
@@ -373,15 +354,7 @@ DSA_API int32_t dsa_sparse_attention_paged(void const* q, void const* k_pool, vo
         p.valuesFromKeys = v_pool == nullptr; // see dsa_kernels.h: NULL v_pool = values from keys
         return dsa::launchSparseAttentionPaged(p, static_cast<dsa::DType>(dtype), num_splits, workspace,
             workspace_bytes, static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged: unknown exception");
-    }
+    });
 }
 
 DSA_API int32_t dsa_sparse_attention_paged_fp8(void const* q, uint8_t const* k_pool, float const* k_scale_pool,
@@ -390,9 +363,7 @@ DSA_API int32_t dsa_sparse_attention_paged_fp8(void const* q, uint8_t const* k_p
     int64_t block_size, float scale, int32_t dtype, int32_t rope_dtype, int32_t num_splits, void* workspace,
     size_t workspace_bytes, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_sparse_attention_paged_fp8", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype) || !dsa::isValidDType(rope_dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged_fp8: unknown dtype code");
@@ -410,15 +381,7 @@ DSA_API int32_t dsa_sparse_attention_paged_fp8(void const* q, uint8_t const* k_p
         p.ropeDtype = static_cast<dsa::DType>(rope_dtype);
         return dsa::launchSparseAttentionPaged(p, static_cast<dsa::DType>(dtype), num_splits, workspace,
             workspace_bytes, static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sparse_attention_paged_fp8: unknown exception");
-    }
+    });
 }
 
 } // extern "C"
@@ -431,9 +394,7 @@ DSA_API int32_t dsa_sample_tokens(void const* logits, int64_t row_stride, int32_
     float const* top_p, uint64_t const* seeds, int64_t const* offsets, int64_t B, int64_t V, int32_t dtype,
     void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_sample_tokens", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sample_tokens: unknown dtype code");
@@ -449,15 +410,7 @@ DSA_API int32_t dsa_sample_tokens(void const* logits, int64_t row_stride, int32_
         p.V = V;
         p.rowStride = row_stride;
         return dsa::launchSampleTokens(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_sample_tokens: unknown exception");
-    }
+    });
 }
 
 } // extern "C"
@@ -471,9 +424,7 @@ int32_t indexerTopKPagedCall(char const* name, void const* q, void const* k_pool
     float scale, int32_t causal, int32_t dtype, int32_t w_dtype, void* workspace, size_t workspace_bytes,
     void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded(name, [&]() -> int32_t {
         if (!dsa::isValidDType(dtype) || !dsa::isValidDType(w_dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, std::string(name) + ": unknown dtype code");
@@ -505,15 +456,7 @@ int32_t indexerTopKPagedCall(char const* name, void const* q, void const* k_pool
         p.causal = causal != 0 ? 1 : 0;
         return dsa::launchIndexerTopKPaged(p, static_cast<dsa::DType>(dtype), static_cast<dsa::DType>(w_dtype), fp8,
             workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, std::string(name) + ": unknown exception");
-    }
+    });
 }
 } // namespace
 
@@ -569,9 +512,7 @@ extern "C"
 DSA_API int32_t dsa_paged_cache_write(void* pool, int64_t const* indices, void const* updates, int64_t B, int64_t S,
     int64_t P, int64_t page, int64_t W, int32_t dtype, void* stream)
 {
-    try
-    {
-        dsa::clearLastError();
+    return guarded("dsa_paged_cache_write", [&]() -> int32_t {
         if (!dsa::isValidDType(dtype))
         {
             return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_paged_cache_write: unknown dtype code");
@@ -586,15 +527,7 @@ DSA_API int32_t dsa_paged_cache_write(void* pool, int64_t const* indices, void c
         p.page = page;
         p.W = W;
         return dsa::launchPagedCacheWrite(p, static_cast<dsa::DType>(dtype), static_cast<cudaStream_t>(stream));
-    }
-    catch (std::exception const& e)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, e.what());
-    }
-    catch (...)
-    {
-        return dsa::setLastError(dsa::kINVALID_ARGUMENT, "dsa_paged_cache_write: unknown exception");
-    }
+    });
 }
 
 } // extern "C"
