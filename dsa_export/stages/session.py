@@ -24,7 +24,9 @@ while stage ``i + 1`` computes part ``m``, so ``n`` parts over ``k`` stages take
 ``(n + k - 1) / (n * k)`` of the serial time when the stages are balanced.
 
 The stage runners (:class:`LocalStage`) are the same in this process and inside a Ray actor
-(:mod:`dsa_export.stages.ray_actors`); only the handle that schedules them differs.
+(:mod:`dsa_export.stages.ray_actors`); only the handle that schedules them differs. A pipeline of
+one stage (a single file or build: :meth:`PipelineSession.of_session`) runs it in the caller's
+thread (:class:`InlineStage`): there is nothing to overlap.
 """
 
 from __future__ import annotations
@@ -224,8 +226,8 @@ class InlineStage(ThreadStage):
         done: concurrent.futures.Future = concurrent.futures.Future()
         try:
             done.set_result(self.stage.run(feeds, slot, *(future.result() for future in upstream)))
-        except BaseException as exc:  # raised where the caller collects the result, as on a thread
-            done.set_exception(exc)
+        except Exception as exc:  # raised where the caller collects the result, as on a thread
+            done.set_exception(exc)  # (an interrupt is not held back: it stops the caller at once)
         return done
 
     def drop(self, slot: str | None) -> None:
