@@ -226,7 +226,7 @@ class InlineStage(ThreadStage):
         done: concurrent.futures.Future = concurrent.futures.Future()
         try:
             done.set_result(self.stage.run(feeds, slot, *(future.result() for future in upstream)))
-        except Exception as exc:  # raised where the caller collects the result, as on a thread
+        except Exception as exc:  # noqa: BLE001 - raised where the caller collects the result, as on a thread
             done.set_exception(exc)  # (an interrupt is not held back: it stops the caller at once)
         return done
 
@@ -531,4 +531,5 @@ def is_pipeline(path: str | Path) -> bool:
     return (path / PIPELINE_NAME).is_file() if path.is_dir() else path.name == PIPELINE_NAME
 
 
-__all__ = ["InlineStage", "LocalStage", "PipelineSession", "StageLostError", "ThreadStage", "is_pipeline", "open_stage", "split_batch"]
+__all__ = ["InlineStage", "LocalStage", "PipelineSession", "StageLostError", "ThreadStage", "is_pipeline", "open_stage",
+           "split_batch"]
